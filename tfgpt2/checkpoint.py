@@ -1,0 +1,142 @@
+"""OpenAI's original checkpoints <-> the Keras variables of `GPT2`.
+
+A model folder (`models_dir/model_name`) holds `checkpoint`, `hparams.json`,
+`model.ckpt.index`, `model.ckpt.data-00000-of-00001` (and `model.ckpt.meta`, which is not
+needed). Variables are read one at a time straight into the model's variables, so loading
+never holds a second full copy of the weights.
+"""
+import glob
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from .hparams import load_hparams, save_hparams
+from .model import GPT2
+from .params import variable_shapes
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that does not fit the hparams."""
+
+
+def checkpoint_prefix(path):
+    """The checkpoint prefix for a model folder (via its `checkpoint` file) or a prefix itself."""
+    if os.path.isdir(path):
+        state_file = os.path.join(path, "checkpoint")
+        if not os.path.isfile(state_file):
+            raise FileNotFoundError(f"{state_file}: no such file; {path!r} holds no TensorFlow checkpoint")
+        prefix = tf.train.latest_checkpoint(path)
+        if prefix is None:
+            raise CheckpointError(f"{state_file}: names no checkpoint that exists in {path!r}")
+    else:
+        prefix = path
+    if not os.path.isfile(prefix + ".index"):
+        raise FileNotFoundError(f"{prefix}.index: no such file (checkpoint prefix {prefix!r})")
+    if not glob.glob(glob.escape(prefix) + ".data-*-of-*"):
+        raise FileNotFoundError(f"{prefix}.data-00000-of-00001: no such file (checkpoint prefix {prefix!r})")
+    return prefix
+
+
+def _open(prefix):
+    try:
+        return tf.train.load_checkpoint(prefix)
+    except (tf.errors.OpError, ValueError) as e:
+        raise CheckpointError(f"{prefix}.index: cannot read the checkpoint: {_message(e)}") from None
+
+
+def _message(e):
+    return getattr(e, "message", str(e)).strip().splitlines()[0]
+
+
+def _plan(stored, hparams, tie_embeddings, prefix):
+    """Map each model variable to the checkpoint tensor it is read from, checking names and
+    shapes. Optimizer slots (`.../Adam`) and `global_step` that fine-tuning leaves are ignored."""
+    expected = variable_shapes(hparams, tie_embeddings=tie_embeddings)
+    source = {name: name for name in expected}
+    if not tie_embeddings and "model/out_head" not in stored:
+        source["model/out_head"] = "model/wte"  # an original (tied) checkpoint: the head starts as wte
+    if tie_embeddings and "model/out_head" in stored:
+        raise CheckpointError(f"{prefix}: has an untied output layer 'model/out_head'; "
+                              "load it with tie_embeddings=False")
+    missing = sorted(name for name in set(source.values()) if name not in stored)
+    unexpected = sorted(name for name in stored
+                        if name.startswith("model/") and name not in expected
+                        and name.rsplit("/", 1)[0] not in expected and name != "model/out_head")
+    wrong = [f"{name}: checkpoint {stored[src]}, hparams expect {expected[name]}"
+             for name, src in source.items() if src in stored and list(stored[src]) != expected[name]]
+    problems = []
+    if missing:
+        problems.append(f"missing variables: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"variables the hparams do not have: {', '.join(unexpected[:10])}"
+                        + (f" and {len(unexpected) - 10} more" if len(unexpected) > 10 else ""))
+    if wrong:
+        problems.append("shape mismatch: " + "; ".join(wrong[:10]))
+    if problems:
+        raise CheckpointError(f"{prefix} does not fit hparams {hparams.values()}: " + " | ".join(problems))
+    return source
+
+
+def load_weights(model, path):
+    """Read an original checkpoint (folder or prefix) into `model`'s variables."""
+    prefix = checkpoint_prefix(path)
+    reader = _open(prefix)
+    source = _plan(reader.get_variable_to_shape_map(), model.hparams, model.tie_embeddings, prefix)
+    for variable in model.weights:
+        name = source[variable.path]
+        try:
+            value = reader.get_tensor(name)
+        except (tf.errors.OpError, ValueError) as e:
+            raise CheckpointError(f"{prefix}.data-00000-of-00001: cannot read tensor {name!r} "
+                                  f"(truncated or corrupt?): {_message(e)}") from None
+        variable.assign(value)
+        del value
+    return model
+
+
+def load_model(model_dir, *, checkpoint=None, tie_embeddings=True):
+    """Build `GPT2` from `<model_dir>/hparams.json` and load the original checkpoint into it.
+
+    `checkpoint` (a folder or prefix) defaults to `model_dir`. The checkpoint's names and
+    shapes are checked against the hparams before any weight is allocated.
+    """
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"{model_dir}: no such model folder")
+    hparams = load_hparams(model_dir)
+    prefix = checkpoint_prefix(checkpoint or model_dir)
+    _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)
+    return load_weights(GPT2(hparams, tie_embeddings=tie_embeddings), prefix)
+
+
+def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
+    """Write `tensors` (checkpoint name -> array or variable) in the original layout:
+    `checkpoint`, `<name>.index`, `<name>.data-00000-of-00001`, `hparams.json`.
+
+    Files are written in a temporary folder inside `model_dir` and moved into place when
+    complete, the `checkpoint` file last, so an interrupted save leaves no partial file under
+    a final name.
+    """
+    os.makedirs(model_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=model_dir)
+    try:
+        names = sorted(tensors)
+        tf.raw_ops.SaveV2(prefix=os.path.join(tmp, name), tensor_names=names,
+                          shape_and_slices=[""] * len(names),
+                          tensors=[tf.convert_to_tensor(tensors[n]) for n in names])
+        with open(os.path.join(tmp, "checkpoint"), "w") as f:
+            f.write(f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+        save_hparams(hparams, tmp)
+        files = sorted(os.listdir(tmp), key=lambda f: f == "checkpoint")
+        for filename in files:
+            os.replace(os.path.join(tmp, filename), os.path.join(model_dir, filename))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return os.path.join(model_dir, name)
+
+
+def save_model(model, model_dir):
+    """Save `model` so that OpenAI's own code restores it (`tf.train.Saver` on `model_dir`)."""
+    return save_checkpoint({v.path: v for v in model.weights}, model.hparams, model_dir)
+

@@ -1,0 +1,91 @@
+"""Hyperparameters: the original's `default_hparams()` and `hparams.json`, with checks."""
+import dataclasses
+import json
+import os
+
+FIELDS = ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")
+
+
+@dataclasses.dataclass
+class HParams:
+    n_vocab: int = 0
+    n_ctx: int = 1024
+    n_embd: int = 768
+    n_head: int = 12
+    n_layer: int = 12
+
+    def override_from_dict(self, values):
+        """Set fields from a dict, as `tf.contrib.training.HParams` does; unknown keys are an error."""
+        unknown = sorted(set(values) - set(FIELDS))
+        if unknown:
+            raise ValueError(f"unknown hparams {unknown}; expected keys among {list(FIELDS)}")
+        for key, value in values.items():
+            setattr(self, key, value)
+        return self.validate()
+
+    def validate(self):
+        for key in FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"hparams.{key} must be an integer, got {value!r}")
+            minimum = 0 if key == "n_vocab" else 1
+            if value < minimum:
+                raise ValueError(f"hparams.{key} must be >= {minimum}, got {value}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"hparams.n_embd ({self.n_embd}) must be divisible by hparams.n_head ({self.n_head})")
+        return self
+
+    def values(self):
+        return dataclasses.asdict(self)
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+
+def default_hparams():
+    """The 124M model's shape with n_vocab 0, as in the original; `hparams.json` fills it in."""
+    return HParams()
+
+
+# The four published sizes, as in their hparams.json files.
+PUBLISHED = {
+    "124M": dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
+    "355M": dict(n_vocab=50257, n_ctx=1024, n_embd=1024, n_head=16, n_layer=24),
+    "774M": dict(n_vocab=50257, n_ctx=1024, n_embd=1280, n_head=20, n_layer=36),
+    "1558M": dict(n_vocab=50257, n_ctx=1024, n_embd=1600, n_head=25, n_layer=48),
+}
+
+
+def published_hparams(model_name):
+    if model_name not in PUBLISHED:
+        raise ValueError(f"unknown model name {model_name!r}; the published sizes are {list(PUBLISHED)}")
+    return default_hparams().override_from_dict(PUBLISHED[model_name])
+
+
+def load_hparams(model_dir):
+    """Read `<model_dir>/hparams.json` over `default_hparams()`."""
+    path = os.path.join(model_dir, "hparams.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file (is {model_dir!r} a GPT-2 model folder?)")
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
+    try:
+        return default_hparams().override_from_dict(values)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def save_hparams(hparams, model_dir):
+    """Write `hparams.json` as OpenAI's folders have it (under a temporary name, then renamed)."""
+    path = os.path.join(model_dir, "hparams.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(hparams.values(), f, indent=2)
+    os.replace(tmp, path)

@@ -1,0 +1,210 @@
+"""Run OpenAI's original `src/` (unmodified, TensorFlow 1 code) for side-by-side comparisons.
+
+The original needs `tf.compat.v1` with v2 behaviour disabled and a stand-in for
+`tensorflow.contrib.training.HParams`. Disabling v2 behaviour is process-wide and cannot be
+fully undone, so the reference runs in a child process (`python -m tfgpt2.reference`) and
+arrays travel over a pipe: the calling process keeps TensorFlow 2 untouched.
+
+    with Reference("path/to/gpt-2/src", "models/124M") as ref:
+        out = ref.model(tokens)                 # {'logits', 'present', 'hidden'} as numpy
+        tokens, seconds = ref.sample_sequence(context=tokens[:1], length=20, top_k=1)
+"""
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+class ReferenceError(RuntimeError):
+    """The reference process failed; the message carries its error and log tail."""
+
+
+class Reference:
+    """A child process that holds OpenAI's graph for one model folder."""
+
+    def __init__(self, reference_src, model_dir):
+        reference_src = os.path.abspath(reference_src)
+        if not os.path.isfile(os.path.join(reference_src, "model.py")):
+            raise FileNotFoundError(f"{reference_src}: no model.py (expected the original gpt-2 repository's src/)")
+        if not os.path.isfile(os.path.join(model_dir, "hparams.json")):
+            raise FileNotFoundError(f"{model_dir}: no hparams.json (expected a model folder)")
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tfgpt2.reference", reference_src, os.path.abspath(model_dir)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
+
+    def _call(self, op, **kwargs):
+        try:
+            pickle.dump((op, kwargs), self._proc.stdin)
+            self._proc.stdin.flush()
+            ok, result = pickle.load(self._proc.stdout)
+        except (EOFError, BrokenPipeError, pickle.UnpicklingError):
+            ok, result = False, f"the reference process exited (code {self._proc.poll()})"
+        if not ok:
+            self._log.seek(0)
+            tail = "".join(self._log.readlines()[-20:])
+            raise ReferenceError(f"reference {op} failed: {result}\n--- reference log ---\n{tail}")
+        return result
+
+    def model(self, tokens, past=None, *, hidden=False):
+        """The original `model.model(hparams, X, past)` on the folder's checkpoint; with `hidden`,
+        also 'hidden' [batch, n_layer, T, n_embd]: each block's output."""
+        past = None if past is None else np.asarray(past, np.float32)
+        return self._call("model", tokens=np.asarray(tokens, np.int32), past=past, hidden=hidden)
+
+    def sample_sequence(self, *, length, context=None, start_token=None, batch_size=None,
+                        temperature=1, top_k=0, top_p=1, seed=None, repeats=1):
+        """The original `sample.sample_sequence` in a fresh graph seeded with `seed`: returns
+        (tokens, [seconds per run]) for `repeats` runs (each seconds is one `sess.run`)."""
+        if context is not None:
+            context = np.asarray(context, np.int32)
+            batch_size = context.shape[0]
+        return self._call("sample", length=length, context=context, start_token=start_token,
+                          batch_size=batch_size, temperature=temperature, top_k=top_k,
+                          top_p=top_p, seed=seed, repeats=repeats)
+
+    def close(self):
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---- the child process ------------------------------------------------------------------
+
+def _import_original(reference_src):
+    """Import the original `model` and `sample` modules under tf.compat.v1."""
+    import types
+
+    import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()
+
+    class HParams:
+        """Stand-in for tensorflow.contrib.training.HParams (attributes + override_from_dict)."""
+
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+        def override_from_dict(self, values):
+            self.__dict__.update(values)
+            return self
+
+    training = types.ModuleType("tensorflow.contrib.training")
+    training.HParams = HParams
+    contrib = types.ModuleType("tensorflow.contrib")
+    contrib.training = training
+    sys.modules.update({"tensorflow": tf, "tensorflow.contrib": contrib,
+                        "tensorflow.contrib.training": training})
+    sys.path.insert(0, reference_src)
+    import model
+    import sample
+    return tf, model, sample
+
+
+class _Worker:
+    def __init__(self, reference_src, model_dir):
+        import json
+        self.tf, self.model, self.sample = _import_original(reference_src)
+        self.model_dir = model_dir
+        self.hparams = self.model.default_hparams()
+        with open(os.path.join(model_dir, "hparams.json")) as f:
+            self.hparams.override_from_dict(json.load(f))
+        self.graph = None
+
+    def _restore(self, sess):
+        self.tf.train.Saver().restore(sess, self.tf.train.latest_checkpoint(self.model_dir))
+
+    def _build_model_graph(self):
+        """One graph with the model called without and with `past`, variables shared; each
+        block's output is recorded by wrapping the original `block` function."""
+        tf, model = self.tf, self.model
+        graph = tf.Graph()
+        blocks = []
+        original_block = model.block
+
+        def recording_block(*args, **kwargs):
+            x, present = original_block(*args, **kwargs)
+            blocks[-1].append(x)
+            return x, present
+
+        model.block = recording_block
+        try:
+            with graph.as_default():
+                self.X = tf.placeholder(tf.int32, [None, None])
+                self.past = tf.placeholder(tf.float32, model.past_shape(hparams=self.hparams))
+                blocks.append([])
+                self.out = model.model(self.hparams, self.X, reuse=tf.AUTO_REUSE)
+                self.out["hidden"] = tf.stack(blocks[-1], axis=1)
+                blocks.append([])
+                self.out_past = model.model(self.hparams, self.X, past=self.past, reuse=tf.AUTO_REUSE)
+                self.out_past["hidden"] = tf.stack(blocks[-1], axis=1)
+                self.sess = tf.Session(graph=graph)
+                self._restore(self.sess)
+        finally:
+            model.block = original_block
+        self.graph = graph
+
+    def op_model(self, tokens, past, hidden):
+        if self.graph is None:
+            self._build_model_graph()
+        fetches = self.out if past is None else self.out_past
+        fetches = {k: v for k, v in fetches.items() if hidden or k != "hidden"}
+        feed = {self.X: tokens} if past is None else {self.X: tokens, self.past: past}
+        return self.sess.run(fetches, feed)
+
+    def op_sample(self, length, context, start_token, batch_size, temperature, top_k, top_p, seed, repeats):
+        import time
+        tf = self.tf
+        with tf.Session(graph=tf.Graph()) as sess:
+            tf.set_random_seed(seed)
+            ctx = None if context is None else tf.placeholder(tf.int32, [batch_size, None])
+            output = self.sample.sample_sequence(
+                hparams=self.hparams, length=length, start_token=start_token, batch_size=batch_size,
+                context=ctx, temperature=temperature, top_k=top_k, top_p=top_p)
+            self._restore(sess)
+            feed = {} if ctx is None else {ctx: context}
+            seconds = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                tokens = sess.run(output, feed)
+                seconds.append(time.perf_counter() - start)
+        return tokens, seconds
+
+
+def _serve(reference_src, model_dir):
+    channel = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything the reference prints goes to the log, not the pipe
+    requests = sys.stdin.buffer
+    try:
+        worker = _Worker(reference_src, model_dir)
+    except Exception as e:  # reported on the first request
+        worker, startup_error = None, f"{type(e).__name__}: {e}"
+    while True:
+        try:
+            op, kwargs = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            if worker is None:
+                raise RuntimeError(startup_error)
+            reply = (True, getattr(worker, f"op_{op}")(**kwargs))
+        except Exception as e:
+            reply = (False, f"{type(e).__name__}: {e}")
+        pickle.dump(reply, channel)
+        channel.flush()
+
+
+if __name__ == "__main__":
+    _serve(*sys.argv[1:3])
