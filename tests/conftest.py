@@ -1,13 +1,25 @@
 """Shared fixtures. `../shared` (beside the repository root) holds the reference code and
-vocabulary; tests that need it skip with a reason where it is absent."""
+vocabulary; tests that need it skip with a reason where it is absent.
+
+Model folders are written once per test run by the code behind `tools/make_checkpoint.py`,
+with weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits.
+"""
 import os
 from pathlib import Path
 
-import pytest
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+from tfgpt2.hparams import default_hparams, published_hparams  # noqa: E402
+from tools.make_checkpoint import make_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TFGPT2_SHARED", ROOT.parent / "shared"))
 REFERENCE_SRC = SHARED / "openai-gpt-2" / "src"
+
+TINY = dict(n_vocab=50257, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
+WIDE = dict(n_vocab=50257, n_ctx=128, n_embd=1024, n_head=16, n_layer=2)
 
 
 def require_reference():
@@ -15,3 +27,25 @@ def require_reference():
     if not (REFERENCE_SRC / "model.py").is_file():
         pytest.skip(f"reference code not found at {REFERENCE_SRC} (set TFGPT2_SHARED)")
     return REFERENCE_SRC
+
+
+def _folder(tmp_path_factory, name, hparams, std):
+    return str(make_checkpoint(str(tmp_path_factory.mktemp("models") / name), hparams, std=std, seed=1))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """2 layers, n_embd 64, the real vocabulary size; std 0.3 weights."""
+    return _folder(tmp_path_factory, "tiny", default_hparams().override_from_dict(TINY), 0.3)
+
+
+@pytest.fixture(scope="session")
+def wide_dir(tmp_path_factory):
+    """The 355M block shape (n_head 16, n_embd 1024) with 2 layers; std 0.1 weights."""
+    return _folder(tmp_path_factory, "wide", default_hparams().override_from_dict(WIDE), 0.1)
+
+
+@pytest.fixture(scope="session")
+def gpt2_124m_dir(tmp_path_factory):
+    """124M-shaped weights of std 0.1 (about 500 MB on disk)."""
+    return _folder(tmp_path_factory, "124M", published_hparams("124M"), 0.1)
