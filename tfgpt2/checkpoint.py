@@ -13,7 +13,7 @@ import tempfile
 import tensorflow as tf
 
 from .hparams import load_hparams, save_hparams
-from .model import GPT2
+from .model import GPT2, uninitialized
 from .params import variable_shapes
 
 
@@ -80,19 +80,24 @@ def _plan(stored, hparams, tie_embeddings, prefix):
 
 
 def load_weights(model, path):
-    """Read an original checkpoint (folder or prefix) into `model`'s variables."""
+    """Read an original checkpoint (folder or prefix) into `model`'s variables, one at a time."""
     prefix = checkpoint_prefix(path)
-    reader = _open(prefix)
-    source = _plan(reader.get_variable_to_shape_map(), model.hparams, model.tie_embeddings, prefix)
+    source = _plan(_open(prefix).get_variable_to_shape_map(), model.hparams, model.tie_embeddings, prefix)
+
+    @tf.function(reduce_retracing=True)
+    def restore(variable, name):
+        # Inside a graph the restored tensor has no other owner, so the assignment takes its
+        # buffer instead of copying it: peak memory is the weights plus one tensor.
+        variable.assign(tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
+                                             dtypes=[variable.dtype])[0])
+
     for variable in model.weights:
         name = source[variable.path]
         try:
-            value = reader.get_tensor(name)
-        except (tf.errors.OpError, ValueError) as e:
+            restore(variable.value, tf.constant(name))
+        except tf.errors.OpError as e:
             raise CheckpointError(f"{prefix}.data-00000-of-00001: cannot read tensor {name!r} "
                                   f"(truncated or corrupt?): {_message(e)}") from None
-        variable.assign(value)
-        del value
     return model
 
 
@@ -107,7 +112,9 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True):
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
     _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)
-    return load_weights(GPT2(hparams, tie_embeddings=tie_embeddings), prefix)
+    with uninitialized():
+        model = GPT2(hparams, tie_embeddings=tie_embeddings)
+    return load_weights(model, prefix)
 
 
 def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):

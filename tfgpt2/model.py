@@ -7,11 +7,33 @@ Beyond the original, `GPT2.call` can run over a fixed-size key/value cache writt
 (`cache_index`), with left padding (`pad`); the generation loop in `sample.py` uses that,
 and it shares every projection, the mask and the softmax with the original `past` path.
 """
+import contextlib
+import contextvars
+
 import numpy as np
 import tensorflow as tf
 import keras
 
 from .hparams import default_hparams
+
+
+_INITIALIZE = contextvars.ContextVar("initialize", default=True)
+
+
+@contextlib.contextmanager
+def uninitialized():
+    """Create variables as zeros instead of random: for a model a checkpoint is loaded into
+    (random init of 124M parameters takes seconds and memory for nothing)."""
+    token = _INITIALIZE.set(False)
+    try:
+        yield
+    finally:
+        _INITIALIZE.reset(token)
+
+
+def normal(stddev):
+    """The original's random_normal_initializer, unless inside `uninitialized()`."""
+    return keras.initializers.RandomNormal(stddev=stddev) if _INITIALIZE.get() else "zeros"
 
 
 def shape_list(x):
@@ -70,8 +92,7 @@ class Conv1D(keras.layers.Layer):
         self.nx, self.nf, self.w_init_stdev = nx, nf, w_init_stdev
 
     def build(self, input_shape=None):
-        init = keras.initializers.RandomNormal(stddev=self.w_init_stdev)
-        self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf], initializer=init)
+        self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf], initializer=normal(self.w_init_stdev))
         self.b = self.add_weight(name="b", shape=[self.nf], initializer="zeros")
 
     def call(self, x):
@@ -256,15 +277,15 @@ class GPT2(keras.Model):
     def build(self, input_shape=None):
         hp = self.hparams
         self.wpe = self.add_weight(name="wpe", shape=[hp.n_ctx, hp.n_embd],
-                                   initializer=keras.initializers.RandomNormal(stddev=0.01))
+                                   initializer=normal(0.01))
         self.wte = self.add_weight(name="wte", shape=[hp.n_vocab, hp.n_embd],
-                                   initializer=keras.initializers.RandomNormal(stddev=0.02))
+                                   initializer=normal(0.02))
         for block in self.h:
             block.build()
         self.ln_f.build()
         self.out_head = None if self.tie_embeddings else self.add_weight(
             name="out_head", shape=[hp.n_vocab, hp.n_embd],
-            initializer=keras.initializers.RandomNormal(stddev=0.02))
+            initializer=normal(0.02))
 
     def call(self, X, past=None, *, pad=None, cache_index=None, return_hidden=False):
         """`past` as in the original, or with `cache_index` a fixed-size cache
