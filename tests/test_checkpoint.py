@@ -1,0 +1,190 @@
+"""Loading and saving OpenAI's checkpoint layout, and the errors for bad folders."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import ROOT, require_reference
+from tfgpt2 import CheckpointError, load_model, save_model
+from tfgpt2.checkpoint import save_checkpoint
+from tfgpt2.hparams import load_hparams
+from tfgpt2.reference import Reference
+from tools.make_checkpoint import random_weights
+
+
+@pytest.fixture
+def folder(tiny_dir, tmp_path):
+    """A private copy of the tiny model folder that a test may damage."""
+    return shutil.copytree(tiny_dir, tmp_path / "tiny")
+
+
+def stored(model_dir):
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "model.ckpt"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def test_load_reads_every_variable(tiny_dir):
+    model = load_model(tiny_dir)
+    values = stored(tiny_dir)
+    assert {v.path for v in model.weights} == set(values)
+    for v in model.weights:
+        np.testing.assert_array_equal(v.numpy(), values[v.path], err_msg=v.path)
+
+
+def test_load_from_prefix_and_folder(tiny_dir):
+    a = load_model(tiny_dir, checkpoint=os.path.join(tiny_dir, "model.ckpt"))
+    b = load_model(tiny_dir)
+    np.testing.assert_array_equal(a.wte.numpy(), b.wte.numpy())
+
+
+def test_save_roundtrip_and_layout(tiny_dir, tmp_path):
+    model = load_model(tiny_dir)
+    model.h[0].attn.c_attn.b.assign(model.h[0].attn.c_attn.b + 1.0)  # so we know it is ours
+    out = tmp_path / "saved"
+    save_model(model, out)
+    assert sorted(os.listdir(out)) == ["checkpoint", "hparams.json", "model.ckpt.data-00000-of-00001",
+                                       "model.ckpt.index"]
+    assert json.loads((out / "hparams.json").read_text()) == model.hparams.values()
+    again = load_model(out)
+    for a, b in zip(model.weights, again.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
+def test_saved_checkpoint_restores_in_reference(tiny_dir, tmp_path):
+    require_reference()
+    model = load_model(tiny_dir)
+    model.ln_f.b.assign(model.ln_f.b + 0.5)
+    out = str(tmp_path / "saved")
+    save_model(model, out)
+    tokens = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+    with Reference(str(require_reference()), out) as ref:
+        theirs = ref.model(tokens)["logits"]
+    with Reference(str(require_reference()), tiny_dir) as ref:
+        before = ref.model(tokens)["logits"]
+    ours = model(tokens)["logits"].numpy()
+    assert np.abs(ours - theirs).max() <= 5e-4
+    assert np.abs(before - theirs).max() > 0.1, "the reference did not restore the saved weights"
+
+
+def test_optimizer_slots_and_global_step_are_ignored(tiny_dir, tmp_path):
+    hparams = load_hparams(tiny_dir)
+    tensors = random_weights(hparams, std=0.2, seed=3)
+    tensors.update({name + "/Adam": np.zeros_like(value) for name, value in list(tensors.items())[:3]})
+    tensors["global_step"] = np.array(1000, np.int64)
+    save_checkpoint(tensors, hparams, tmp_path / "finetuned")
+    model = load_model(tmp_path / "finetuned")
+    np.testing.assert_array_equal(model.wte.numpy(), tensors["model/wte"])
+
+
+def test_untied_model_from_original_checkpoint_starts_with_wte_head(tiny_dir, tmp_path):
+    model = load_model(tiny_dir, tie_embeddings=False)
+    np.testing.assert_array_equal(model.out_head.numpy(), model.wte.numpy())
+    model.out_head.assign(model.out_head * 0.5)
+    save_model(model, tmp_path / "untied")
+    again = load_model(tmp_path / "untied", tie_embeddings=False)
+    np.testing.assert_array_equal(again.out_head.numpy(), model.out_head.numpy())
+    with pytest.raises(CheckpointError, match="tie_embeddings=False"):
+        load_model(tmp_path / "untied")
+
+
+def test_missing_folder_and_files(folder, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such model folder"):
+        load_model(tmp_path / "nope")
+    os.remove(folder / "checkpoint")
+    with pytest.raises(FileNotFoundError, match=r"checkpoint: no such file"):
+        load_model(folder)
+    os.rename(folder / "model.ckpt.data-00000-of-00001", folder / "data")
+    with pytest.raises(FileNotFoundError, match=r"model\.ckpt\.data-00000-of-00001: no such file"):
+        load_model(folder, checkpoint=str(folder / "model.ckpt"))
+    os.remove(folder / "model.ckpt.index")
+    with pytest.raises(FileNotFoundError, match=r"model\.ckpt\.index: no such file"):
+        load_model(folder, checkpoint=str(folder / "model.ckpt"))
+    os.remove(folder / "hparams.json")
+    with pytest.raises(FileNotFoundError, match=r"hparams\.json: no such file"):
+        load_model(folder)
+
+
+def test_truncated_data_file(folder):
+    data = folder / "model.ckpt.data-00000-of-00001"
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+    with pytest.raises(CheckpointError, match=r"data-00000-of-00001: cannot read tensor 'model/"):
+        load_model(folder)
+
+
+def test_corrupt_data_file(folder):
+    data = folder / "model.ckpt.data-00000-of-00001"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"cannot read tensor .*(checksum|corrupt)"):
+        load_model(folder)
+
+
+def test_corrupt_index_file(folder):
+    (folder / "model.ckpt.index").write_bytes(b"not an index")
+    with pytest.raises(CheckpointError, match=r"model\.ckpt\.index: cannot read the checkpoint"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_embd": 128}, r"shape mismatch: model/wpe: checkpoint \[64, 64\], hparams expect \[64, 128\]"),
+    ({"n_layer": 3}, r"missing variables: model/h2/attn/c_attn/b"),
+    ({"n_layer": 1}, r"variables the hparams do not have: model/h1/"),
+    ({"n_vocab": 50000}, r"model/wte: checkpoint \[50257, 64\], hparams expect \[50000, 64\]"),
+])
+def test_hparams_that_disagree_with_checkpoint(folder, change, message):
+    hparams = json.loads((folder / "hparams.json").read_text())
+    hparams.update(change)
+    (folder / "hparams.json").write_text(json.dumps(hparams))
+    with pytest.raises(CheckpointError, match=message):
+        load_model(folder)
+
+
+def test_bad_hparams_json(folder):
+    (folder / "hparams.json").write_text('{"n_vocab": 50257, "n_embd": 65}')
+    with pytest.raises(ValueError, match=r"hparams\.json: .*n_embd \(65\) must be divisible by hparams\.n_head"):
+        load_model(folder)
+    (folder / "hparams.json").write_text('{"n_vocab": 50257, "n_embed": 64}')
+    with pytest.raises(ValueError, match=r"unknown hparams \['n_embed'\]"):
+        load_model(folder)
+    (folder / "hparams.json").write_text('{"n_vocab": 50257,')
+    with pytest.raises(ValueError, match=r"hparams\.json: not valid JSON"):
+        load_model(folder)
+
+
+def test_interrupted_save_leaves_no_file(tiny_dir, tmp_path, monkeypatch):
+    model = load_model(tiny_dir)
+    out = tmp_path / "out"
+
+    def broken_save(**kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(tf.raw_ops, "SaveV2", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_model(model, out)
+    assert os.listdir(out) == []
+
+
+def test_loading_124m_keeps_no_second_copy(gpt2_124m_dir):
+    """Peak memory while loading, measured in a fresh process (VmHWM - VmRSS before)."""
+    script = f"""
+import re, tensorflow, keras
+def kb(key): return int(re.search(key + r":\\s+(\\d+)", open('/proc/self/status').read()).group(1)) * 1024
+from tfgpt2 import load_model, count_params
+before = kb('VmRSS')
+model = load_model({str(gpt2_124m_dir)!r})
+print(count_params(model) * 4, kb('VmHWM') - before)
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    weights, peak = map(int, re.findall(r"^(\d+) (\d+)$", out.stdout, re.M)[-1])
+    assert weights == 124439808 * 4
+    print(f"peak memory while loading 124M: {peak / 1e6:.0f} MB for {weights / 1e6:.0f} MB of weights")
+    # weights + the largest tensor (wte, 154 MB) + allocator slack; a second copy would be >= 2x
+    assert peak < 1.6 * weights, f"peak {peak / 1e6:.0f} MB for {weights / 1e6:.0f} MB of weights"

@@ -1,0 +1,42 @@
+"""Parameter counts: tied and untied, from hparams, from a built model, and from the CLI."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, TINY
+from tfgpt2 import GPT2, count_params
+from tfgpt2.hparams import default_hparams, published_hparams
+from tfgpt2.params import breakdown
+
+EXPECTED = {  # tied, untied
+    "124M": (124_439_808, 163_037_184),
+    "355M": (354_823_168, 406_286_336),
+    "774M": (774_030_080, 838_359_040),
+    "1558M": (1_557_611_200, 1_638_022_400),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_breakdown_totals(name):
+    rows = dict(breakdown(published_hparams(name)))
+    assert (rows["total, tied"], rows["total, untied"]) == EXPECTED[name]
+    assert rows["output layer, tied to wte"] == 0
+    assert rows["output layer, untied"] == 50257 * published_hparams(name).n_embd
+
+
+def test_built_124m_model_counts_shared_variable_once():
+    hp = published_hparams("124M")
+    assert count_params(GPT2(hp)) == 124_439_808
+    assert count_params(GPT2(hp, tie_embeddings=False)) == 163_037_184
+
+
+def test_cli_prints_breakdown(tiny_dir):
+    out = subprocess.run([sys.executable, "-m", "tfgpt2.params", "--model_name", "124M"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert "38,597,376" in out and "124,439,808" in out and "163,037,184" in out
+    assert "85,054,464" in out  # 12 blocks of 7,087,872
+    out = subprocess.run([sys.executable, "-m", "tfgpt2.params", "--model_dir", tiny_dir],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    tiny = dict(breakdown(default_hparams().override_from_dict(TINY)))
+    assert f"{tiny['total, tied']:,}" in out
