@@ -1,0 +1,225 @@
+"""tools/download_model.py against a fake of OpenAI's storage on 127.0.0.1."""
+import importlib.util
+import random
+import re
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+SCRIPT = Path(__file__).resolve().parents[1] / 'tools' / 'download_model.py'
+_spec = importlib.util.spec_from_file_location('download_model', SCRIPT)
+dm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dm)
+
+BIG = 'model.ckpt.data-00000-of-00001'
+
+
+def fake_model(seed=0):
+    """{filename: bytes}; the data file spans several download chunks."""
+    rng = random.Random(seed)
+    sizes = {BIG: 5 * dm.CHUNK_SIZE + 123, 'model.ckpt.meta': 20_000}
+    return {name: rng.randbytes(sizes.get(name, 300)) for name in dm.FILENAMES}
+
+
+class Storage:
+    """Serves files under /models/<name>/ and records (method, path, Range) of each request.
+    cut: path -> bytes sent before the connection drops, once.  promise: path -> the
+    Content-Length announced for the whole file (the body stays true).  grow: path -> bytes
+    that GET appends to the body and its Content-Length, which HEAD does not announce."""
+
+    def __init__(self, files, ranges=True):
+        self.files = files
+        self.ranges = ranges
+        self.requests = []
+        self.cut, self.promise, self.grow = {}, {}, {}
+
+    def gets(self):
+        return [path for method, path, _ in self.requests if method == 'GET']
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self.serve(send_body=False)
+
+    def do_GET(self):
+        self.serve(send_body=True)
+
+    def serve(self, send_body):
+        store = self.server.store
+        store.requests.append((self.command, self.path, self.headers.get('Range')))
+        data = store.files.get(self.path)
+        if data is None:
+            self.send_error(404)
+            return
+        if send_body:
+            data += store.grow.get(self.path, b'')
+        total = store.promise.get(self.path, len(data))
+        match = re.fullmatch(r'bytes=(\d+)-', self.headers.get('Range') or '')
+        start = int(match.group(1)) if match and store.ranges else 0
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header('Content-Range', f'bytes {start}-{total - 1}/{total}')
+        self.send_header('Content-Length', str(total - start))
+        self.end_headers()
+        if send_body:
+            body = data[start:start + store.cut.pop(self.path, total)]
+            self.wfile.write(body)
+            self.close_connection = len(body) < total - start
+
+
+@pytest.fixture
+def storage():
+    """A Storage of fake_model() as 124M, serving on an ephemeral port; .url is its base URL."""
+    files = fake_model()
+    store = Storage({f'/models/124M/{name}': data for name, data in files.items()})
+    server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    server.store = store
+    store.url = f'http://127.0.0.1:{server.server_address[1]}'
+    store.model = files
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield store
+    server.shutdown()
+    server.server_close()
+
+
+def assert_complete(folder, files):
+    assert sorted(p.name for p in Path(folder).iterdir()) == sorted(files)
+    for name, data in files.items():
+        assert (Path(folder) / name).read_bytes() == data, name
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert 'Traceback' not in result.stderr
+    assert lines[-1].startswith('download_model.py: error: '), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[-1]
+
+
+def test_complete_download(storage, tmp_path):
+    folder = dm.download_model('124M', tmp_path / 'models', storage.url)
+    assert Path(folder) == tmp_path / 'models' / '124M'
+    assert_complete(folder, storage.model)
+    assert sorted(storage.gets()) == sorted(storage.files)
+
+
+def test_cli_complete_download(storage, tmp_path):
+    result = run_cli('124M', '--models_dir', str(tmp_path), '--base_url', storage.url + '/')
+    assert result.returncode == 0, result.stderr
+    assert 'Fetching ' + BIG in result.stderr
+    assert_complete(tmp_path / '124M', storage.model)
+
+
+@pytest.mark.parametrize('ranges', [True, False], ids=['resume', 'restart'])
+def test_cut_connection_then_rerun(storage, tmp_path, ranges):
+    storage.ranges = ranges
+    path = f'/models/124M/{BIG}'
+    storage.cut[path] = 2 * dm.CHUNK_SIZE + 7
+    with pytest.raises(dm.DownloadError, match=f'{storage.url}{path}: the connection broke'):
+        dm.download_model('124M', tmp_path, storage.url)
+    folder = tmp_path / '124M'
+    assert not (folder / BIG).exists()
+    kept = (folder / (BIG + '.part')).stat().st_size
+    assert 0 < kept <= 2 * dm.CHUNK_SIZE + 7
+    del storage.requests[:]
+    dm.download_model('124M', tmp_path, storage.url)
+    assert_complete(folder, storage.model)
+    [(_, _, asked)] = [r for r in storage.requests if r[:2] == ('GET', path)]
+    assert asked == f'bytes={kept}-'
+
+
+def test_body_shorter_than_content_length(storage, tmp_path):
+    path = f'/models/124M/{BIG}'
+    storage.promise[path] = len(storage.model[BIG]) + 1000
+    for attempt in range(2):
+        with pytest.raises(dm.DownloadError, match=f'{storage.url}{path}: the connection broke'):
+            dm.download_model('124M', tmp_path, storage.url)
+        assert not (tmp_path / '124M' / BIG).exists()
+
+
+def test_short_body_is_caught_without_urllib3_enforcing_length(storage, tmp_path, monkeypatch):
+    """urllib3 1.x ends a short body silently; the size check before the rename catches it."""
+    iter_content = requests.Response.iter_content
+
+    def lenient(self, *args, **kwargs):
+        try:
+            yield from iter_content(self, *args, **kwargs)
+        except requests.RequestException:
+            return
+    monkeypatch.setattr(requests.Response, 'iter_content', lenient)
+    path = f'/models/124M/{BIG}'
+    storage.cut[path] = dm.CHUNK_SIZE
+    with pytest.raises(dm.DownloadError, match=f'{storage.url}{path}: received {dm.CHUNK_SIZE} of'):
+        dm.download_model('124M', tmp_path, storage.url)
+    assert not (tmp_path / '124M' / BIG).exists()
+    dm.download_model('124M', tmp_path, storage.url)
+    assert_complete(tmp_path / '124M', storage.model)
+
+
+def test_body_longer_than_content_length(storage, tmp_path):
+    path = f'/models/124M/{BIG}'
+    storage.grow[path] = b'more'
+    with pytest.raises(dm.DownloadError, match=f'{storage.url}{path}: Content-Length'):
+        dm.download_model('124M', tmp_path, storage.url)
+    assert not (tmp_path / '124M' / BIG).exists()
+
+
+def test_404_names_the_url(storage, tmp_path):
+    del storage.files['/models/124M/vocab.bpe']
+    with pytest.raises(dm.DownloadError) as error:
+        dm.download_model('124M', tmp_path, storage.url)
+    assert str(error.value) == f'HTTP 404 Not Found for {storage.url}/models/124M/vocab.bpe'
+    assert not (tmp_path / '124M' / 'vocab.bpe').exists()
+    assert (tmp_path / '124M' / BIG).read_bytes() == storage.model[BIG]
+
+
+def test_complete_files_are_not_fetched_again(storage, tmp_path):
+    folder = Path(dm.download_model('124M', tmp_path, storage.url))
+    (folder / 'hparams.json').write_bytes(b'{}')  # truncated, as the original script can leave
+    (folder / 'vocab.bpe').unlink()
+    (folder / 'encoder.json').rename(folder / 'encoder.json.part')  # complete but not renamed
+    del storage.requests[:]
+    dm.download_model('124M', tmp_path, storage.url)
+    assert_complete(folder, storage.model)
+    assert sorted(storage.gets()) == ['/models/124M/hparams.json', '/models/124M/vocab.bpe']
+    assert len(storage.requests) == len(dm.FILENAMES) + 2
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize('model_name, server, fragments', [
+    ('2B', 'up', ["unknown model '2B'", '124M, 355M, 774M, 1558M']),
+    ('117M', 'up', ['117M was renamed 124M']),
+    ('355M', 'up', ['HTTP 404', '/models/355M/checkpoint']),
+    ('124M', 'down', ['cannot reach http://127.0.0.1:', 'Connection refused']),
+])
+def test_cli_errors_are_one_line(storage, tmp_path, model_name, server, fragments):
+    url = storage.url if server == 'up' else f'http://127.0.0.1:{closed_port()}'
+    result = run_cli(model_name, '--models_dir', str(tmp_path), '--base_url', url)
+    assert_one_line_error(result, *fragments)
+    if model_name not in dm.MODEL_NAMES:
+        assert storage.requests == []
+        assert not (tmp_path / model_name).exists()
