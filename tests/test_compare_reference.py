@@ -1,0 +1,82 @@
+"""tools/compare_reference.py, the comparison behind it (tfgpt2.compare), and the notebook."""
+import subprocess
+import sys
+
+import nbformat
+import numpy as np
+import pytest
+from nbclient import NotebookClient
+
+from tests.conftest import ROOT, require_reference
+from tfgpt2 import compare
+from tfgpt2.checkpoint import load_model
+from tools.compare_reference import main
+
+TOOL = ROOT / "tools" / "compare_reference.py"
+NOTEBOOK = ROOT / "notebooks" / "compare_with_reference.ipynb"
+
+
+def test_tool_exits_0_where_both_agree(tiny_dir):
+    result = subprocess.run(
+        [sys.executable, str(TOOL), "--model_dir", tiny_dir, "--reference_src", str(require_reference()),
+         "--length", "5"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for line in ("first layer that differs: none", "top-5 tokens agree at 4 of 4 positions",
+                 "same tokens: yes", "within tolerance"):
+        assert line in out, out
+    assert "h1 output" in out and "NO" not in out
+    assert "greedy 5 tokens tfgpt2" in out
+
+
+@pytest.mark.parametrize("variable, layer", [
+    ("model/h1/mlp/c_proj/w", "h1"),
+    ("model/h0/attn/c_attn/w", "h0"),
+    ("model/ln_f/g", "none of the blocks; the difference is after them"),
+])
+def test_tool_exits_1_naming_the_first_layer_that_differs(tiny_dir, capsys, variable, layer):
+    argv = ["--model_dir", tiny_dir, "--reference_src", str(require_reference()), "--length", "0",
+            "--perturb", variable]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert f"first layer that differs: {layer}" in out, out
+    assert "NOT within tolerance" in out
+    if layer == "h1":
+        assert all(line.endswith("yes") for line in out.splitlines() if line.startswith("h0 ")), out
+
+
+def test_tool_rejects_a_prompt_that_does_not_fit(tiny_dir):
+    with pytest.raises(SystemExit, match="n_ctx - length = 3"):
+        main(["--model_dir", tiny_dir, "--reference_src", "unused", "--length", "61"])
+
+
+def test_greedy_is_argmax_of_a_full_recompute(tiny_dir):
+    model = load_model(tiny_dir)
+    tokens = np.array([[6109, 3626, 6100, 345], [6109, 1110, 6622, 257]], np.int32)
+    expected = tokens
+    for _ in range(5):
+        logits = model(expected)["logits"].numpy()
+        expected = np.concatenate([expected, logits[:, -1].argmax(-1)[:, None].astype(np.int32)], axis=1)
+    np.testing.assert_array_equal(compare.greedy(model, tokens, 5), expected)
+
+
+def test_diff_is_relative_to_the_largest_reference_value():
+    d = compare.diff(np.array([1.0, 2.5]), np.array([1.0, -4.0]))
+    assert (d.abs, d.rel) == (6.5, 6.5 / 4)
+    assert compare.diff(np.zeros(2), np.zeros(2)) == compare.Diff(0.0, 0.0)
+    assert compare.diff(np.ones(2), np.zeros(2)).rel == np.inf
+
+
+def test_notebook_executes_with_its_asserts(monkeypatch):
+    """Top to bottom on 124M-shaped random weights (the notebook writes them), in the kernel
+    of this interpreter."""
+    monkeypatch.setenv("TFGPT2_REFERENCE_SRC", str(require_reference()))
+    monkeypatch.delenv("TFGPT2_MODEL_DIR", raising=False)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells), "save the notebook without outputs"
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    stdout = "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    assert f"python: {sys.executable}\n" in stdout
+    assert "first layer that differs: None" in stdout and "first layer that differs: h5" in stdout
+    assert "tying saves 38,597,376 parameters" in stdout
