@@ -119,11 +119,14 @@ def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
 
 
 def write_cache(cache, update, index):
-    """cache[:, :, :, index:index+n] = update, in place under XLA (a dynamic-update-slice)."""
-    begin = tf.stack([0, 0, 0, index, 0])
-    return tf.raw_ops.TensorStridedSliceUpdate(
-        input=cache, begin=begin, end=begin + tf.shape(update), strides=tf.ones([5], tf.int32),
-        value=update)
+    """cache[:, :, :, index:index+n] = update, for cache [batch, 2, heads, T, features].
+
+    A scatter, because XLA needs the bounds of a strided-slice update to be constants;
+    under XLA it updates the loop's cache buffer in place.
+    """
+    batch, kv, heads, n, _ = shape_list(update)
+    grid = tf.meshgrid(tf.range(batch), tf.range(kv), tf.range(heads), index + tf.range(n), indexing="ij")
+    return tf.tensor_scatter_nd_update(cache, tf.stack(grid, axis=-1), update)
 
 
 class Attention(keras.layers.Layer):
@@ -234,19 +237,16 @@ def positions_for(tokens, past_length, pad=None):
     return tf.maximum(positions - tf.cast(pad, tf.int32)[:, None], 0)
 
 
-def check_inputs(X, past_length, hparams):
+def check_inputs(X, positions, hparams):
     """Out-of-range ids and positions must fail: `tf.gather` on a GPU returns zeros for them.
     Raises at once in eager mode; in a graph the checks are ops (XLA drops them, so the
     compiled generation checks its inputs before entering XLA)."""
     n_vocab, n_ctx = hparams.n_vocab, hparams.n_ctx
-    sequence = X.shape[1]
-    if sequence is not None and isinstance(past_length, int) and past_length + sequence > n_ctx:
-        raise ValueError(f"input of {past_length + sequence} tokens (past {past_length} + "
-                         f"{sequence} new) exceeds the context window n_ctx={n_ctx}")
-    length = past_length + tf.shape(X)[1]
+    if isinstance(positions, tf.Tensor) and positions.shape[1] is not None and positions.shape[1] > n_ctx:
+        raise ValueError(f"input of {positions.shape[1]} tokens exceeds the context window n_ctx={n_ctx}")
     checks = [
-        tf.debugging.assert_less_equal(length, n_ctx, message=(
-            f"input (past + new tokens) exceeds the context window n_ctx={n_ctx}")),
+        tf.debugging.assert_less(positions, n_ctx, message=(
+            f"input (past + new tokens) exceeds the context window n_ctx={n_ctx}; positions")),
         tf.debugging.assert_non_negative(X, message="token ids must be >= 0; got"),
         tf.debugging.assert_less(X, tf.cast(n_vocab, X.dtype), message=(
             f"token ids must be < n_vocab={n_vocab}; got")),
@@ -302,8 +302,9 @@ class GPT2(keras.Model):
         else:
             past_length = 0 if past is None else tf.shape(past)[-2]
             ns = past_length + sequence
-        X = check_inputs(X, past_length, hp)
-        h = tf.gather(self.wte, X) + tf.gather(self.wpe, positions_for(X, past_length, pad))
+        positions = positions_for(X, past_length, pad)
+        X = check_inputs(X, positions, hp)
+        h = tf.gather(self.wte, X) + tf.gather(self.wpe, positions)
         mask = attention_mask(sequence, ns, dtype=h.dtype, offset=past_length, pad=pad)
 
         presents, hidden = [], []
