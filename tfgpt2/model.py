@@ -287,36 +287,40 @@ class GPT2(keras.Model):
             name="out_head", shape=[hp.n_vocab, hp.n_embd],
             initializer=normal(0.02))
 
-    def call(self, X, past=None, *, pad=None, cache_index=None, return_hidden=False):
-        """`past` as in the original, or with `cache_index` a fixed-size cache
-        [batch, n_layer, 2, n_head, T_max, head_dim] that X's keys and values are written into
-        at slot `cache_index`; 'present' is then the updated cache. `pad` [batch] counts each
-        row's left-padding slots. `return_hidden` adds 'hidden' [batch, n_layer, T, n_embd],
-        the residual stream after each block."""
+    def call(self, X, past=None, *, pad=None, cache_index=None, last_only=False, return_hidden=False):
+        """`past` as in the original. With `cache_index`, `past` is instead a list of per-layer
+        caches [batch, 2, n_head, T_max, head_dim] (separate tensors, so XLA updates each in
+        place) that X's keys and values are written into at slot `cache_index`, and 'present'
+        is the list of updated caches. `pad` [batch] counts each row's left-padding slots.
+        `last_only` computes logits for the last position only (all that generation needs:
+        a long prompt's logits cost more than its forward pass). `return_hidden` adds 'hidden'
+        [batch, n_layer, T, n_embd], the residual stream after each block."""
         hp = self.hparams
         results = {}
         X = tf.convert_to_tensor(X)
         batch, sequence = shape_list(X)
         if cache_index is not None:
-            past_length, ns = cache_index, tf.shape(past)[-2]
+            pasts, past_length, ns = past, cache_index, tf.shape(past[0])[-2]
         else:
+            pasts = tf.unstack(past, axis=1) if past is not None else [None] * hp.n_layer
             past_length = 0 if past is None else tf.shape(past)[-2]
             ns = past_length + sequence
+        assert len(pasts) == hp.n_layer
         positions = positions_for(X, past_length, pad)
         X = check_inputs(X, positions, hp)
         h = tf.gather(self.wte, X) + tf.gather(self.wpe, positions)
         mask = attention_mask(sequence, ns, dtype=h.dtype, offset=past_length, pad=pad)
 
         presents, hidden = [], []
-        pasts = tf.unstack(past, axis=1) if past is not None else [None] * hp.n_layer
-        assert len(pasts) == hp.n_layer
         for block, layer_past in zip(self.h, pasts):
             h, present = block(h, layer_past, attn_mask=mask, cache_index=cache_index)
             presents.append(present)
             hidden.append(h)
-        results["present"] = tf.stack(presents, axis=1)
+        results["present"] = presents if cache_index is not None else tf.stack(presents, axis=1)
         if return_hidden:
             results["hidden"] = tf.stack(hidden, axis=1)
+        if last_only:
+            h, sequence = h[:, -1:], 1
         h = self.ln_f(h)
 
         # Language model loss.  Do tokens <n predict token n?

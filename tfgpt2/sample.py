@@ -105,7 +105,8 @@ class Generator:
         self.traces += 1
         model, hp = self.model, self.model.hparams
         batch, prompt_len = prompt.shape
-        cache = tf.zeros(past_shape(hparams=hp, batch_size=batch, sequence=tokens.shape[1]))
+        cache_shape = past_shape(hparams=hp, batch_size=batch, sequence=tokens.shape[1])
+        cache = [tf.zeros(cache_shape[:1] + cache_shape[2:]) for _ in range(hp.n_layer)]
         tokens = tf.concat([prompt, tokens[:, prompt_len:]], axis=1)
         temperature = tf.cast(temperature, tf.float32)
 
@@ -118,7 +119,7 @@ class Generator:
                 tokens, tf.stack([tf.range(batch), tf.fill([batch], index)], axis=1), token)
             return token, tokens, tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot)))
 
-        out = model(prompt, cache, pad=pad, cache_index=0)
+        out = model(prompt, cache, pad=pad, cache_index=0, last_only=True)
         token, tokens, done = pick(0, out["logits"][:, -1], tokens, tf.zeros([batch], tf.bool))
         lengths = tf.ones([batch], tf.int32)
 
