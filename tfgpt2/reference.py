@@ -69,6 +69,11 @@ class Reference:
                           batch_size=batch_size, temperature=temperature, top_k=top_k,
                           top_p=top_p, seed=seed, repeats=repeats)
 
+    @property
+    def pid(self):
+        """The child process (for measuring its memory)."""
+        return self._proc.pid
+
     def close(self):
         if self._proc.poll() is None:
             self._proc.stdin.close()

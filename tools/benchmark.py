@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Generation speed of tfgpt2 against OpenAI's reference and other ports, in the same run.
+
+    python tools/benchmark.py --model_dir models/124M --batch 1 8
+
+Each candidate runs in a fresh process of its own, one after another, on the same
+checkpoint shape: tfgpt2 with XLA, tfgpt2 without XLA, the reference `sample_sequence`
+(`--reference_src`, batch 1 only: the original fails above), and KerasHub's GPT2CausalLM and
+transformers' GPT2LMHeadModel (random weights of the same shape) where those packages are
+installed. Per candidate and batch size:
+
+- decode: time per generated token (per step for the batch), from the difference between
+  generating `--long` and `--short` new tokens after a 1-token prompt, so that prefill and
+  compilation are left out; the median of `--runs` runs each, after a warm-up;
+- prefill: tokens per second for a `--prompt_len`-token prompt (one new token);
+- compile: the first call's time minus a warm call's, both lengths;
+- peak memory: the process's peak resident set (VmHWM), the runtime included.
+
+Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
+`--top_k` says otherwise.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_REFERENCE = os.path.join(os.path.dirname(ROOT), "shared", "openai-gpt-2", "src")
+CANDIDATES = ["tfgpt2-xla", "tfgpt2", "reference", "keras-hub", "transformers"]
+
+
+def peak_rss_mb(pid="self"):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+# ---- one candidate in its own process ----------------------------------------------------
+
+def tfgpt2_runner(args, jit_compile):
+    sys.path.insert(0, ROOT)
+    from tfgpt2 import load_model
+    from tfgpt2.sample import generate
+    model = load_model(args.model_dir)
+
+    def run(context, length):
+        generate(model, context.tolist(), length, top_k=args.top_k, seed=0, jit_compile=jit_compile)
+    return repeated(run), lambda: peak_rss_mb()
+
+
+def reference_runner(args):
+    sys.path.insert(0, ROOT)
+    from tfgpt2.reference import Reference
+    ref = Reference(args.reference_src, args.model_dir)
+
+    def run(context, length, repeats):
+        # each call builds a graph and restores the checkpoint; only its sess.run calls are timed
+        return ref.sample_sequence(context=context, length=length, top_k=args.top_k, seed=0, repeats=repeats)[1]
+    return run, lambda: peak_rss_mb(ref.pid)
+
+
+def hparams_of(model_dir):
+    with open(os.path.join(model_dir, "hparams.json")) as f:
+        return json.load(f)
+
+
+def keras_hub_runner(args):
+    import keras
+    import keras_hub
+    hp = hparams_of(args.model_dir)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=hp["n_vocab"], num_layers=hp["n_layer"], num_heads=hp["n_head"],
+        hidden_dim=hp["n_embd"], intermediate_dim=4 * hp["n_embd"], max_sequence_length=hp["n_ctx"])
+    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    sampler = keras_hub.samplers.TopKSampler(k=args.top_k) if args.top_k else keras_hub.samplers.RandomSampler()
+    lm.compile(sampler=sampler)  # generation is XLA-compiled by default on this backend
+
+    def run(context, length):
+        batch, n = context.shape
+        total = n + length
+        ids = np.zeros([batch, total], np.int32)
+        ids[:, :n] = context
+        mask = np.zeros([batch, total], bool)
+        mask[:, :n] = True
+        lm.generate({"token_ids": ids, "padding_mask": mask}, max_length=total, stop_token_ids=None)
+    keras.utils.set_random_seed(0)
+    return repeated(run), lambda: peak_rss_mb()
+
+
+def transformers_runner(args):
+    import torch
+    import transformers
+    hp = hparams_of(args.model_dir)
+    config = transformers.GPT2Config(vocab_size=hp["n_vocab"], n_positions=hp["n_ctx"], n_embd=hp["n_embd"],
+                                     n_layer=hp["n_layer"], n_head=hp["n_head"])
+    model = transformers.GPT2LMHeadModel(config).eval()
+
+    def run(context, length):
+        with torch.no_grad():
+            model.generate(torch.tensor(context), do_sample=True, top_k=args.top_k, max_new_tokens=length,
+                           min_new_tokens=length, attention_mask=torch.ones(context.shape, dtype=torch.long),
+                           pad_token_id=0)
+    torch.manual_seed(0)
+    return repeated(run), lambda: peak_rss_mb()
+
+
+def repeated(run):
+    """run(context, length) -> run(context, length, repeats) giving the seconds of each call."""
+    def timed(context, length, repeats):
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run(context, length)
+            seconds.append(time.perf_counter() - start)
+        return seconds
+    return timed
+
+
+def worker(args):
+    runners = {"tfgpt2-xla": lambda: tfgpt2_runner(args, True), "tfgpt2": lambda: tfgpt2_runner(args, False),
+               "reference": lambda: reference_runner(args), "keras-hub": lambda: keras_hub_runner(args),
+               "transformers": lambda: transformers_runner(args)}
+    run, peak = runners[args.worker]()
+    one = np.ones([args.batch_size, 1], np.int32)
+    prompt = np.random.default_rng(0).integers(0, 50000, size=[args.batch_size, args.prompt_len]).astype(np.int32)
+    # the first call of each shape compiles (or, for the reference, runs a fresh graph)
+    short, long, prefill = (run(context, n, args.runs + 1)
+                            for context, n in [(one, args.short), (one, args.long), (prompt, 1)])
+    step = (np.median(long[1:]) - np.median(short[1:])) / (args.long - args.short)
+    compile_s = short[0] - np.median(short[1:]) + long[0] - np.median(long[1:])
+    print(json.dumps(dict(step_ms=step * 1e3, tokens_per_s=args.batch_size / step,
+                          prefill_tokens_per_s=args.batch_size * args.prompt_len / np.median(prefill[1:]),
+                          compile_s=compile_s, peak_rss_mb=peak(),
+                          runs={"short": short, "long": long, "prefill": prefill})))
+
+
+# ---- the driver ---------------------------------------------------------------------------
+
+def available(candidate, args):
+    if candidate == "reference":
+        return os.path.isfile(os.path.join(args.reference_src, "model.py"))
+    module = {"keras-hub": "keras_hub", "transformers": "transformers"}.get(candidate)
+    if module is None:
+        return True
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+def measure(candidate, batch, args):
+    command = [sys.executable, os.path.abspath(__file__), "--worker", candidate, "--batch_size", str(batch),
+               "--model_dir", args.model_dir, "--reference_src", args.reference_src, "--runs", str(args.runs),
+               "--short", str(args.short), "--long", str(args.long), "--prompt_len", str(args.prompt_len),
+               "--top_k", str(args.top_k)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        return {"error": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1][:120]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results, batches):
+    lines = ["| implementation | batch | decode ms/token | tokens/s | time vs reference | prefill tokens/s "
+             "| compile s | peak RSS MB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    reference = {b: results.get(("reference", b), {}).get("step_ms") for b in batches}
+    for (candidate, batch), r in results.items():
+        if "error" in r:
+            lines.append(f"| {candidate} | {batch} | {r['error']} | | | | | |")
+            continue
+        ratio = f"{r['step_ms'] / reference[batch]:.2f}x" if reference[batch] else "n/a"
+        lines.append(f"| {candidate} | {batch} | {r['step_ms']:.1f} | {r['tokens_per_s']:.1f} | {ratio} "
+                     f"| {r['prefill_tokens_per_s']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_dir", default="models/124M", help="a model folder (tools/make_checkpoint.py 124M)")
+    parser.add_argument("--reference_src", default=DEFAULT_REFERENCE, help="the original gpt-2 repository's src/")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--candidates", nargs="+", default=CANDIDATES, choices=CANDIDATES)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--short", type=int, default=32)
+    parser.add_argument("--long", type=int, default=160)
+    parser.add_argument("--prompt_len", type=int, default=512)
+    parser.add_argument("--top_k", type=int, default=0)
+    parser.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
+    parser.add_argument("--batch_size", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    results = {}
+    for batch in args.batch:
+        for candidate in args.candidates:
+            if not available(candidate, args):
+                print(f"skipping {candidate}: not installed / not found", file=sys.stderr)
+            elif candidate == "reference" and batch > 1:
+                results[(candidate, batch)] = {"error": "the original sample_sequence fails at batch > 1"}
+            else:
+                print(f"measuring {candidate} at batch {batch} ...", file=sys.stderr, flush=True)
+                results[(candidate, batch)] = measure(candidate, batch, args)
+    print(f"\n`{' '.join(['python', 'tools/benchmark.py'] + (argv or sys.argv[1:]))}`, {os.cpu_count()} CPUs, "
+          f"medians of {args.runs} runs, top_k={args.top_k}\n")
+    print(table(results, args.batch))
+
+
+if __name__ == "__main__":
+    main()
