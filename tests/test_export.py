@@ -1,0 +1,300 @@
+"""tfgpt2/export.py and tools/export_saved_model.py: the SavedModel, loaded with TensorFlow alone.
+
+Requests to a loaded SavedModel run in one fresh process per model (`serve`), which must not
+import tfgpt2; each test compares its share of the answers with the library in this process.
+XLA compiles once per (batch, prompt bucket, total bucket), seconds each, so requests share
+a few shapes.
+"""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import require_reference
+from tfgpt2.checkpoint import load_model
+from tfgpt2.export import checkpoint_bytes, export_saved_model, folder_bytes
+from tfgpt2.reference import Reference
+from tfgpt2.sample import generate
+from tools.export_saved_model import main as export_main
+
+SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+ATOL = 5e-4
+
+CHILD = """
+import pickle, sys
+import tensorflow as tf
+requests, results = sys.argv[1:]
+loaded, answers = {}, {}
+for name, (saved_model, signature, inputs) in pickle.load(open(requests, "rb")).items():
+    if saved_model not in loaded:
+        loaded[saved_model] = tf.saved_model.load(saved_model)
+    try:
+        outputs = loaded[saved_model].signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
+        answers[name] = {k: v.numpy() for k, v in outputs.items()}
+    except Exception as e:
+        answers[name] = f"{type(e).__name__}: {e}"
+answers["tfgpt2 modules"] = [m for m in sys.modules if m.split(".")[0] == "tfgpt2"]
+pickle.dump(answers, open(results, "wb"))
+"""
+
+
+def serve(requests, tmp):
+    """Each request {name: (SavedModel path, signature, inputs)} answered by a fresh process that
+    imports only TensorFlow: {name: outputs as arrays, or 'ErrorType: message'}."""
+    with open(tmp / "requests.pkl", "wb") as f:
+        pickle.dump(requests, f)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", CHILD, str(tmp / "requests.pkl"), str(tmp / "results.pkl")],
+                            cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp / "results.pkl", "rb") as f:
+        answers = pickle.load(f)
+    assert answers.pop("tfgpt2 modules") == []
+    return answers
+
+
+def ids(seed, batch, length, n_vocab=50257):
+    return np.random.default_rng(seed).integers(0, n_vocab, size=(batch, length), dtype=np.int32)
+
+
+def left_pad(prompts, width):
+    """(input_ids, attention_mask) with each prompt at the right end of a row of `width`."""
+    input_ids = np.zeros([len(prompts), width], np.int32)
+    mask = np.zeros([len(prompts), width], np.int32)
+    for row, p in enumerate(prompts):
+        input_ids[row, width - len(p):] = p
+        mask[row, width - len(p):] = 1
+    return input_ids, mask
+
+
+def options(max_new_tokens, *, temperature=1.0, top_k=1, top_p=1.0, seed=0):
+    return dict(max_new_tokens=np.int32(max_new_tokens), temperature=np.float32(temperature),
+                top_k=np.int32(top_k), top_p=np.float32(top_p), seed=np.int64(seed))
+
+
+def gen(prompts, width, max_new_tokens, **kwargs):
+    input_ids, mask = left_pad(prompts, width)
+    return "generate", dict(input_ids=input_ids, attention_mask=mask, **options(max_new_tokens, **kwargs))
+
+
+def new_rows(answer, inputs):
+    """Each row's prompt and new tokens, as `sample.generate` returns them."""
+    width, real = inputs["input_ids"].shape[1], inputs["attention_mask"].sum(axis=1)
+    return [answer["output_ids"][r, width - real[r]:width + answer["lengths"][r]] for r in range(len(real))]
+
+
+LOGITS_SHAPES = [(1, 1), (2, 7), (3, 16), (4, 64)]
+EQUAL = [list(row) for row in ids(1, 3, 6)]                                # shape (3, 16, 32)
+VARIABLE = [list(ids(2, 1, n)[0]) for n in (3, 20, 9)]                     # shape (3, 32, 64)
+LONGEST = list(ids(3, 1, 60)[0])                                           # shape (1, 64, 128)
+SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.9, seed=7)
+GOOD, BAD_IDS = np.array([[5, 6, 7]], np.int32), np.array([[5, 50257, 7]], np.int32)
+
+
+def bad(**changes):
+    """A good one-row `generate` request with some inputs changed."""
+    return "generate", {**gen([[5, 6, 7]], 3, 5)[1], **changes}
+
+
+REQUESTS = {
+    **{f"logits {shape}": ("serving_default", dict(input_ids=ids(10, *shape))) for shape in LOGITS_SHAPES},
+    "greedy": gen(EQUAL, 6, 10),
+    "sampled": gen(EQUAL, 6, 10, **SAMPLING),
+    "sampled again": gen(EQUAL, 6, 10, **SAMPLING),
+    "variable": gen(VARIABLE, 40, 10),
+    **{f"alone {row}": gen([p], len(p), 10) for row, p in enumerate(VARIABLE)},
+    "instances": ("generate", dict(gen(EQUAL, 6, 10)[1], **{k: np.repeat(v, 3) for k, v in options(10).items()})),
+    "whole context": gen([LONGEST], 60, 4),
+    # bad requests
+    "logits id out of range": ("serving_default", dict(input_ids=BAD_IDS)),
+    "logits beyond n_ctx": ("serving_default", dict(input_ids=ids(11, 1, 65))),
+    "logits rank 1": ("serving_default", dict(input_ids=GOOD[0])),
+    "logits rank 3": ("serving_default", dict(input_ids=GOOD[None])),
+    "logits int64": ("serving_default", dict(input_ids=GOOD.astype(np.int64))),
+    "id out of range": bad(input_ids=BAD_IDS),
+    "negative id": bad(input_ids=-GOOD),
+    "beyond n_ctx": gen([LONGEST], 60, 5),
+    "max_new_tokens 0": bad(max_new_tokens=np.int32(0)),
+    "top_k -1": bad(top_k=np.int32(-1)),
+    "top_p 1.5": bad(top_p=np.float32(1.5)),
+    "temperature -1": bad(temperature=np.float32(-1)),
+    "right padding": bad(attention_mask=np.int32([[1, 1, 0]])),
+    "mask of 2": bad(attention_mask=np.int32([[0, 2, 1]])),
+    "empty row": bad(attention_mask=np.int32([[0, 0, 0]])),
+    "mask shape": bad(attention_mask=np.int32([[1, 1]])),
+    "rows disagree": bad(max_new_tokens=np.int32([5, 6])),
+    "ids rank 1": bad(input_ids=GOOD[0], attention_mask=np.int32([1, 1, 1])),
+    "ids int64": bad(input_ids=GOOD.astype(np.int64)),
+    "top_p float64": bad(top_p=np.float64(1)),
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_dir, tmp_path_factory):
+    return export_saved_model(tiny_dir, str(tmp_path_factory.mktemp("export") / "gpt2"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def eot(tiny):
+    """A token that greedy generation from EQUAL[0] reaches as its 4th new token."""
+    return int(generate(tiny, EQUAL, 10, top_k=1)[0][len(EQUAL[0]) + 3])
+
+
+@pytest.fixture(scope="module")
+def answers(exported, tiny, eot, tmp_path_factory):
+    """Answers to REQUESTS, and 'stop at eot' from an export that stops after `eot`."""
+    stopping = export_saved_model(tiny, str(tmp_path_factory.mktemp("export") / "stop"), stop_at_eot=True, eot=eot)
+    requests = {name: (exported, *request) for name, request in REQUESTS.items()}
+    requests["stop at eot"] = (stopping, *REQUESTS["greedy"])
+    return serve(requests, tmp_path_factory.mktemp("serve"))
+
+
+def test_layout_and_one_copy_of_the_weights(exported, tiny_dir):
+    assert os.path.basename(exported) == "1"
+    assert sorted(os.listdir(os.path.dirname(exported))) == ["1"]
+    assert {"saved_model.pb", "variables"} <= set(os.listdir(exported))
+    assert_one_copy(exported, tiny_dir)
+
+
+def assert_one_copy(exported, model_dir):
+    stored = {name: shape for name, shape in tf.train.list_variables(os.path.join(exported, "variables", "variables"))
+              if shape}
+    checkpoint = {name: shape for name, shape in tf.train.list_variables(model_dir)}
+    assert sorted(map(tuple, stored.values())) == sorted(map(tuple, checkpoint.values()))
+    ratio = folder_bytes(os.path.join(exported, "variables")) / checkpoint_bytes(model_dir)
+    assert 0.98 < ratio < 1.02, f"variables/ is {ratio:.3f} x the checkpoint"
+
+
+def test_existing_version_is_not_overwritten(exported, tiny):
+    with pytest.raises(FileExistsError, match="exists"):
+        export_saved_model(tiny, os.path.dirname(exported), 1)
+
+
+def test_tool_writes_a_version_and_never_overwrites_it(tiny_dir, tmp_path, capsys):
+    assert export_main(["--model_dir", tiny_dir, "--export_dir", str(tmp_path), "--version", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / '3'}" in out and "saved_model_cli show" in out
+    assert os.listdir(tmp_path) == ["3"]
+    with pytest.raises(SystemExit):
+        export_main(["--model_dir", tiny_dir, "--export_dir", str(tmp_path), "--version", "3"])
+
+
+@pytest.mark.parametrize("shape", LOGITS_SHAPES)
+def test_logits_match_the_keras_model(answers, tiny, shape):
+    expected = tiny(REQUESTS[f"logits {shape}"][1]["input_ids"])["logits"].numpy()
+    logits = answers[f"logits {shape}"]["logits"]
+    assert logits.shape == expected.shape
+    assert np.abs(logits - expected).max() <= ATOL
+
+
+@pytest.mark.parametrize("name, prompts, kwargs", [
+    ("greedy", EQUAL, dict(top_k=1)),
+    ("sampled", EQUAL, SAMPLING),
+    ("variable", VARIABLE, dict(top_k=1)),
+])
+def test_generate_matches_the_library(answers, tiny, name, prompts, kwargs):
+    answer = answers[name]
+    assert answer["output_ids"].shape == (len(prompts), REQUESTS[name][1]["input_ids"].shape[1] + 10)
+    np.testing.assert_array_equal(answer["output_ids"][:, :-10], REQUESTS[name][1]["input_ids"])
+    np.testing.assert_array_equal(answer["lengths"], [10] * len(prompts))
+    expected = generate(tiny, prompts, 10, **kwargs)
+    for row, (ours, theirs) in enumerate(zip(new_rows(answer, REQUESTS[name][1]), expected)):
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"row {row}")
+
+
+def test_rows_stop_after_eot_where_exported_so(answers, tiny, eot):
+    answer = answers["stop at eot"]
+    expected = generate(tiny, EQUAL, 10, top_k=1, stop_at_eot=True, eot=eot)
+    np.testing.assert_array_equal(answer["lengths"], [len(row) - len(p) for row, p in zip(expected, EQUAL)])
+    assert answer["lengths"][0] < 10
+    for row, (ours, theirs) in enumerate(zip(new_rows(answer, REQUESTS["greedy"][1]), expected)):
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"row {row}")
+        assert (answer["output_ids"][row, 6 + answer["lengths"][row]:] == eot).all()
+
+
+def test_same_seed_same_tokens_and_instances_format(answers):
+    np.testing.assert_array_equal(answers["sampled"]["output_ids"], answers["sampled again"]["output_ids"])
+    np.testing.assert_array_equal(answers["instances"]["output_ids"], answers["greedy"]["output_ids"])
+
+
+def test_each_padded_row_as_if_alone(answers):
+    together = new_rows(answers["variable"], REQUESTS["variable"][1])
+    for row, p in enumerate(VARIABLE):
+        (alone,) = new_rows(answers[f"alone {row}"], REQUESTS[f"alone {row}"][1])
+        np.testing.assert_array_equal(together[row], alone, err_msg=f"row {row}")
+
+
+def test_the_whole_context_window(answers, tiny):
+    (row,) = new_rows(answers["whole context"], REQUESTS["whole context"][1])
+    np.testing.assert_array_equal(row, generate(tiny, [LONGEST], 4, top_k=1)[0])
+
+
+def test_greedy_matches_the_reference(answers, tiny_dir):
+    src = require_reference()
+    with Reference(str(src), tiny_dir) as ref:
+        for row, p in enumerate(EQUAL):
+            theirs, _ = ref.sample_sequence(context=[p], length=10, top_k=1, seed=0)
+            np.testing.assert_array_equal(answers["greedy"]["output_ids"][row], theirs[0], err_msg=f"row {row}")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("logits id out of range", "token ids must be < n_vocab=50257"),
+    ("logits beyond n_ctx", "exceeds the context window n_ctx=64"),
+    ("logits rank 1", "is not compatible with expected shape [?,?]"),
+    ("logits rank 3", "is not compatible with expected shape [?,?]"),
+    ("logits int64", "expected to be a int32 tensor but is a int64 tensor"),
+    ("id out of range", "token ids must be < n_vocab=50257"),
+    ("negative id", "token ids must be >= 0"),
+    ("beyond n_ctx", "prompt tokens + max_new_tokens must be <= n_ctx=64"),
+    ("max_new_tokens 0", "max_new_tokens must be >= 1"),
+    ("top_k -1", "top_k must be >= 0"),
+    ("top_p 1.5", "top_p must be in [0, 1]"),
+    ("temperature -1", "temperature must be >= 0"),
+    ("right padding", "attention_mask must be left padding"),
+    ("mask of 2", "attention_mask must hold only 0 and 1"),
+    ("empty row", "every row needs at least one token"),
+    ("mask shape", "attention_mask must have the shape of input_ids"),
+    ("rows disagree", "max_new_tokens must be the same for every row"),
+    ("ids rank 1", "is not compatible with expected shape [?,?]"),
+    ("ids int64", "expected to be a int32 tensor but is a int64 tensor"),
+    ("top_p float64", "expected to be a float tensor but is a double tensor"),
+])
+def test_bad_requests_fail_with_a_message(answers, name, message):
+    answer = answers[name]
+    assert isinstance(answer, str), f"{name}: no error, got {answer}"
+    assert answer.startswith("InvalidArgumentError") and message in answer, answer[:500]
+
+
+def test_saved_model_cli_show_and_run(exported, tiny, tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    show = subprocess.run([SAVED_MODEL_CLI, "show", "--dir", exported, "--all"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert show.returncode == 0, show.stderr[-2000:]
+    assert "signature_def['generate']" in show.stdout and "signature_def['serving_default']" in show.stdout
+    run = subprocess.run([SAVED_MODEL_CLI, "run", "--dir", exported, "--tag_set", "serve",
+                          "--signature_def", "generate", "--outdir", str(tmp_path), "--input_exprs",
+                          "input_ids=[[0, 0, 5, 6, 7]];attention_mask=[[0, 0, 1, 1, 1]];max_new_tokens=10;"
+                          "temperature=1.0;top_k=1;top_p=1.0;seed=0"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    output_ids = np.load(tmp_path / "output_ids.npy")
+    np.testing.assert_array_equal(output_ids[0, 2:], generate(tiny, [[5, 6, 7]], 10, top_k=1)[0])
+    np.testing.assert_array_equal(np.load(tmp_path / "lengths.npy"), [10])
+
+
+def test_124m_one_copy_of_wte_and_logits(gpt2_124m_dir, tmp_path):
+    exported = export_saved_model(gpt2_124m_dir, str(tmp_path / "gpt2"))
+    assert_one_copy(exported, gpt2_124m_dir)
+    tokens = ids(12, 2, 9)
+    (answer,) = serve({"logits": (exported, "serving_default", dict(input_ids=tokens))}, tmp_path).values()
+    expected = load_model(gpt2_124m_dir)(tokens)["logits"].numpy()
+    assert np.abs(answer["logits"] - expected).max() <= ATOL

@@ -1,0 +1,162 @@
+"""SavedModel export for serving: the forward pass and the XLA generation loop of `sample.py`,
+loadable with TensorFlow alone (TF Serving, `tf.saved_model.load`, other languages).
+
+Signatures (requests for TF Serving's REST API in docs/serving.md):
+
+- `serving_default`: `input_ids` int32 [batch, time] -> `logits` float32 [batch, time, n_vocab].
+- `generate`: `input_ids`, `attention_mask` int32 [batch, time], left-padded (each mask row is
+  0s then 1s); `max_new_tokens`, `temperature`, `top_k`, `top_p`, `seed` (int32, float32, int32,
+  float32, int64), each a scalar or one equal value per row, which is what TF Serving's
+  `instances` format sends -> `output_ids` int32 [batch, time + max_new_tokens] (the input as
+  given, then the new tokens, `eot` after a row stops) and `lengths` int32 [batch], the new
+  tokens per row (fewer than max_new_tokens only where the export stops at eot).
+
+`generate` checks its inputs with asserts (XLA would clamp bad ids silently), buckets the
+prompt and total lengths as `sample.generate` does, and calls the same XLA-compiled
+`Generator.generate_padded`, which XLA compiles once per (batch, prompt bucket, total bucket).
+"""
+import glob
+import os
+import shutil
+
+import tensorflow as tf
+
+from .checkpoint import checkpoint_prefix, load_model
+from .sample import Generator, bucket
+
+SCALARS = {"max_new_tokens": tf.int32, "temperature": tf.float32, "top_k": tf.int32,
+           "top_p": tf.float32, "seed": tf.int64}
+IDS = tf.TensorSpec([None, None], tf.int32, name="input_ids")
+MASK = tf.TensorSpec([None, None], tf.int32, name="attention_mask")
+
+
+def _after(x, *checks):
+    """x, computed only once the checks have passed."""
+    with tf.control_dependencies(checks):
+        return tf.identity(x)
+
+
+def _one_value(x, name):
+    """The value of a scalar, or of a [batch] vector whose values are all equal."""
+    x = _after(x, tf.debugging.assert_rank_in(x, [0, 1], message=f"{name} must be a scalar or one value per row"))
+    flat = _after(tf.reshape(x, [-1]), tf.debugging.assert_positive(tf.size(x), message=f"{name} is empty"))
+    return _after(flat[0], tf.debugging.assert_equal(flat, flat[0], message=f"{name} must be the same for every row"))
+
+
+def _bucket(n, largest):
+    """`sample.bucket(n)` as a tensor, for 1 <= n <= largest."""
+    sizes = tf.constant(sorted({bucket(1 << i) for i in range(bucket(largest).bit_length())}))
+    return tf.reduce_min(tf.where(sizes >= n, sizes, sizes[-1]))
+
+
+class Serving(tf.Module):
+    """The model's variables, each once (the tied `wte` too), and the two signatures.
+
+    The model and its `Generator` are held where `tf.Module` does not track them, so the
+    SavedModel stores plain variables, not the Keras objects.
+    """
+
+    def __init__(self, model, *, stop_at_eot=False, eot=50256):
+        super().__init__(name="gpt2")
+        if not 0 <= eot < model.hparams.n_vocab:
+            raise ValueError(f"eot {eot} is not a token id of this model (n_vocab={model.hparams.n_vocab})")
+        self.weights = {v.path: v.value for v in model.weights}
+        self._generator = Generator(model, jit_compile=True)
+        self._stop_at_eot, self._eot = stop_at_eot, eot
+
+    @tf.function(input_signature=[IDS])
+    def logits(self, input_ids):
+        return {"logits": self._generator.model(_rank_2(input_ids))["logits"]}
+
+    @tf.function(input_signature=[IDS, MASK] + [tf.TensorSpec(None, d, name=n) for n, d in SCALARS.items()])
+    def generate(self, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, seed):
+        n_ctx = self._generator.model.hparams.n_ctx
+        options = [_one_value(x, name) for x, name in
+                   zip([max_new_tokens, temperature, top_k, top_p, seed], SCALARS)]
+        max_new_tokens, temperature, top_k, top_p, seed = options
+        input_ids = _rank_2(input_ids)
+        prompt, real = self._prompts(input_ids, _rank_2(attention_mask))
+        longest = _after(tf.reduce_max(real), *_check_options(*options[:4]))
+        longest = _after(longest, tf.debugging.assert_less_equal(
+            longest + max_new_tokens, n_ctx, message=f"prompt tokens + max_new_tokens must be <= n_ctx={n_ctx}"))
+        prompt_len = tf.minimum(_bucket(longest, n_ctx), n_ctx)
+        total = tf.minimum(_bucket(prompt_len + max_new_tokens, 2 * n_ctx), prompt_len + n_ctx)
+        prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
+        tokens, lengths = self._generator.generate_padded(
+            prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
+            temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
+        new = tokens[:, prompt_len:prompt_len + max_new_tokens]
+        new = tf.where(tf.range(max_new_tokens)[None] < lengths[:, None], new, self._eot)
+        return {"output_ids": tf.concat([input_ids, new], axis=1), "lengths": lengths}
+
+    def _prompts(self, input_ids, attention_mask):
+        """Checked prompts (padding slots zeroed) and each row's count of real tokens."""
+        n_vocab = self._generator.model.hparams.n_vocab
+        mask = _after(attention_mask, tf.debugging.assert_equal(
+            tf.shape(attention_mask), tf.shape(input_ids), message="attention_mask must have the shape of input_ids"))
+        ids = tf.where(mask == 1, input_ids, 0)
+        real = tf.reduce_sum(mask, axis=1)
+        checks = [
+            tf.debugging.assert_positive(tf.size(real), message="input_ids has no rows"),
+            tf.debugging.assert_equal(mask * (1 - mask), 0, message="attention_mask must hold only 0 and 1"),
+            tf.debugging.assert_greater_equal(mask[:, 1:], mask[:, :-1], message=(
+                "attention_mask must be left padding: 0s, then 1s, in each row "
+                "(Hugging Face tokenizers: padding_side='left')")),
+            tf.debugging.assert_positive(real, message="every row needs at least one token (attention_mask 1)"),
+            tf.debugging.assert_non_negative(ids, message="token ids must be >= 0"),
+            tf.debugging.assert_less(ids, n_vocab, message=f"token ids must be < n_vocab={n_vocab}"),
+        ]
+        return _after(ids, *checks), _after(real, *checks)
+
+
+def _rank_2(x):
+    """x, refused unless [batch, time]: the signature's declared shape is not enforced when a
+    request is fed to it (TF Serving, a loaded signature), and graph rewrites trust it."""
+    return tf.ensure_shape(x, [None, None])
+
+
+def _check_options(max_new_tokens, temperature, top_k, top_p):
+    return [
+        tf.debugging.assert_positive(max_new_tokens, message="max_new_tokens must be >= 1"),
+        tf.debugging.assert_non_negative(temperature, message="temperature must be >= 0"),
+        tf.debugging.assert_non_negative(top_k, message="top_k must be >= 0"),
+        tf.debugging.assert_non_negative(top_p, message="top_p must be in [0, 1]"),
+        tf.debugging.assert_less_equal(top_p, 1.0, message="top_p must be in [0, 1]"),
+    ]
+
+
+def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot=False, eot=50256):
+    """Write the SavedModel to `<export_dir>/<version>/`, TF Serving's layout; returns that path.
+
+    `model_dir_or_model` is a model folder or a `GPT2`. `stop_at_eot` fixes for every request
+    whether a row stops after `eot`. The version folder is written under a hidden name and
+    renamed when complete, so a server watching `export_dir` never loads half of it; an
+    existing version is never overwritten.
+    """
+    if int(version) < 0:
+        raise ValueError(f"version must be >= 0, got {version}")
+    target = os.path.join(export_dir, str(int(version)))
+    if os.path.exists(target):
+        raise FileExistsError(f"{target} exists; export another version or remove it")
+    model = load_model(model_dir_or_model) if isinstance(model_dir_or_model, (str, os.PathLike)) \
+        else model_dir_or_model
+    module = Serving(model, stop_at_eot=stop_at_eot, eot=eot)
+    tmp = os.path.join(export_dir, f".tmp-{int(version)}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tf.saved_model.save(module, tmp, signatures={"serving_default": module.logits,
+                                                     "generate": module.generate})
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def folder_bytes(path):
+    """Total size of the files under `path`."""
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def checkpoint_bytes(model_dir):
+    """Size of a model folder's checkpoint data, to compare with the SavedModel's variables/."""
+    return sum(os.path.getsize(f) for f in glob.glob(glob.escape(checkpoint_prefix(model_dir)) + ".data-*"))
