@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from .model import past_shape
+from .model import past_shape, shape_list
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
 
@@ -104,8 +104,8 @@ class Generator:
         to `length` new tokens after it (eot after a row stops), and each row's new-token count."""
         self.traces += 1
         model, hp = self.model, self.model.hparams
-        batch, prompt_len = prompt.shape
-        cache_shape = past_shape(hparams=hp, batch_size=batch, sequence=tokens.shape[1])
+        batch, prompt_len = shape_list(prompt)
+        cache_shape = past_shape(hparams=hp, batch_size=batch, sequence=shape_list(tokens)[1])
         cache = [tf.zeros(cache_shape[:1] + cache_shape[2:]) for _ in range(hp.n_layer)]
         tokens = tf.concat([prompt, tokens[:, prompt_len:]], axis=1)
         temperature = tf.cast(temperature, tf.float32)
