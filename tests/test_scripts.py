@@ -1,0 +1,130 @@
+"""The sample scripts, each run as `python -m` in a child process on the tiny model (n_ctx 64)."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+
+from tests.conftest import ROOT
+from tfgpt2.checkpoint import load_model
+from tfgpt2.encoder import get_encoder
+from tfgpt2.sample import sample_sequence
+
+UNCONDITIONAL = "tfgpt2.generate_unconditional_samples"
+INTERACTIVE = "tfgpt2.interactive_conditional_samples"
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+RULE = "=" * 80 + "\n"
+
+
+def command(module, model_dir, *args):
+    models_dir, model_name = os.path.split(model_dir)
+    return [sys.executable, "-m", module, "--models_dir", models_dir, f"--model_name={model_name}", *args]
+
+
+def start(module, model_dir, *args, input=""):
+    """The script running in a child process (several run at once), reading `input`."""
+    with tempfile.TemporaryFile("w+") as stdin:
+        stdin.write(input)
+        stdin.seek(0)
+        return subprocess.Popen(command(module, model_dir, *args), cwd=ROOT, env=ENV, stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(child, code=0):
+    """Its stdout and stderr, once it has ended with status `code` and without a traceback."""
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == code, err
+    assert "Traceback" not in err, err
+    return out, err
+
+
+def run(module, model_dir, *args, input="", code=0):
+    return finish(start(module, model_dir, *args, input=input), code)
+
+
+def samples(out):
+    """[(number, text)] under the original's banners, each text without print's newline."""
+    parts = re.split(r"^=+ SAMPLE (\d+) =+\n", out, flags=re.M)
+    assert parts[0] == "", out
+    return [(int(n), text[:-1]) for n, text in zip(parts[1::2], parts[2::2])]
+
+
+def test_unconditional_numbers_samples_1_to_n_and_repeats_with_a_seed(tiny_dir):
+    args = ["--nsamples", "3", "--batch_size", "2", "--length", "8"]
+    children = [start(UNCONDITIONAL, tiny_dir, *args, "--seed", seed) for seed in ("1", "1", "2")]
+    out, again, other = (finish(child)[0] for child in children)
+    got = samples(out)
+    assert [n for n, _ in got] == [1, 2, 3]
+    assert all(text for _, text in got)
+    assert len({text for _, text in got}) == 3  # the second batch has its own seed
+    assert again == out and other != out
+
+
+def test_unconditional_greedy_is_the_library_greedy(tiny_dir):
+    child = start(UNCONDITIONAL, tiny_dir, "--nsamples", "2", "--batch_size", "2", "--length", "12",
+                  "--top_k", "1")
+    enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
+    tokens = sample_sequence(model=load_model(tiny_dir), length=12, start_token=enc.eot_token,
+                             batch_size=2, top_k=1)
+    assert samples(finish(child)[0]) == [(1, enc.decode(tokens[0, 1:])), (2, enc.decode(tokens[1, 1:]))]
+
+
+def test_unconditional_runs_until_its_output_is_closed(tiny_dir):
+    """With the defaults (--nsamples 0, --length n_ctx) it goes on past the first batches;
+    `| head` ends it quietly."""
+    with subprocess.Popen(command(UNCONDITIONAL, tiny_dir, "--batch_size", "2", "--stop_at_eot"), cwd=ROOT,
+                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        banners = []
+        for line in child.stdout:
+            banners += re.findall(r"^=+ SAMPLE (\d+) =+$", line)
+            if len(banners) == 5:
+                break
+        child.stdout.close()
+        assert child.wait(timeout=60) == -signal.SIGPIPE
+        assert banners == ["1", "2", "3", "4", "5"]
+        assert "Traceback" not in child.stderr.read()
+
+
+def test_length_over_the_window_is_refused_as_the_original_does(tiny_dir):
+    for module in (UNCONDITIONAL, INTERACTIVE):
+        _, err = run(module, tiny_dir, "--length", "65", code=1)
+        assert err.strip() == "Can't get samples longer than window size: 64"
+
+
+def test_interactive_batch_size_must_divide_nsamples(tiny_dir):
+    _, err = run(INTERACTIVE, tiny_dir, "--nsamples", "3", "--batch_size", "2", code=2)
+    assert "--batch_size must divide --nsamples" in err
+
+
+def test_interactive_reads_one_prompt_per_line_until_end_of_input(tiny_dir):
+    """Empty lines are refused, a prompt too long for the default length (n_ctx // 2 = 32)
+    gets an error, the rest nsamples each; without a terminal there is no prompt text."""
+    lines = "\n".join(["Hello world", "", "Hello world", "word " * 40, "The end"]) + "\n"
+    args = ["--nsamples", "2", "--batch_size", "2", "--seed", "5"]
+    children = [start(INTERACTIVE, tiny_dir, *args, input=lines) for _ in range(2)]
+    (out, err), (again, _) = (finish(child) for child in children)
+    assert "Model prompt >>>" not in out and "Prompt should not be empty!" in err
+    assert any(line.startswith("error: ") for line in err.splitlines())  # for the long prompt
+    answers = out.split(RULE)
+    assert len(answers) == 5 and answers[-1] == ""
+    hello, hello_again, too_long, end = (samples(answer) for answer in answers[:4])
+    assert too_long == []
+    for got in (hello, hello_again, end):
+        assert [n for n, _ in got] == [1, 2] and all(text for _, text in got)
+    assert hello != hello_again  # each batch of the run has its own seed
+    assert again == out
+
+
+def test_interactive_ctrl_c_ends_it_without_a_traceback(tiny_dir):
+    # SIGINT at its default, as a shell leaves it, even where the tests run with it ignored
+    with subprocess.Popen(command(INTERACTIVE, tiny_dir, "--length", "4"), cwd=ROOT, env=ENV,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as child:
+        child.stdin.write("Hello\n")
+        child.stdin.flush()
+        while (line := child.stdout.readline()) != RULE:  # answered: now it waits for the next prompt
+            assert line, child.stderr.read()
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=30) == -signal.SIGINT
+        assert "Traceback" not in child.stderr.read()

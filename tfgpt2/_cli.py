@@ -1,0 +1,89 @@
+"""What the two sample scripts share: their flags, loading, sampling one batch, printing a
+sample, and ending without a traceback."""
+import argparse
+import os
+import signal
+import sys
+
+from tqdm import tqdm
+
+import tfgpt2
+from .hparams import load_hparams
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notices, before it is imported
+
+
+def parser(module, description, *, nsamples, nsamples_help, length_help):
+    """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_name", default="124M", help="which model: the folder <models_dir>/<model_name>")
+    p.add_argument("--seed", type=int, help="fix it to reproduce the samples (default: random)")
+    p.add_argument("--nsamples", type=int, default=nsamples, help=nsamples_help)
+    p.add_argument("--batch_size", type=positive, default=1,
+                   help="samples generated at once (only affects speed and memory)")
+    p.add_argument("--length", type=int, help=length_help)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="lower is less random, 0 is greedy, higher more random (default 1)")
+    p.add_argument("--top_k", type=int, default=0,
+                   help="sample from the k most likely tokens at each step; 0 (default) means no limit, "
+                        "40 is a good value")
+    p.add_argument("--top_p", type=float, default=1.0,
+                   help="nucleus sampling: from the most likely tokens whose probabilities add up to p; "
+                        "1 (default) means no limit")
+    p.add_argument("--models_dir", default="models", help="the folder holding the <model_name> folders")
+    p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
+    return p
+
+
+def positive(text):
+    """An argparse type: an integer of at least 1."""
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return int(text)
+
+
+def load(args, default_length):
+    """The model, its encoder and the number of tokens to generate (`default_length(n_ctx)`
+    without --length). Exits with a message for a length over n_ctx or an unusable folder."""
+    models_dir = os.path.expanduser(os.path.expandvars(args.models_dir))
+    model_dir = os.path.join(models_dir, args.model_name)
+    try:
+        n_ctx = load_hparams(model_dir).n_ctx
+        if args.length is not None and args.length > n_ctx:
+            sys.exit(f"Can't get samples longer than window size: {n_ctx}")
+        enc = tfgpt2.get_encoder(args.model_name, models_dir)
+        model = tfgpt2.load_model(model_dir)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    return model, enc, default_length(n_ctx) if args.length is None else args.length
+
+
+def sample_batch(model, enc, args, length, context, batch):
+    """The texts generated after `context` (token ids), one per row of the batch. With --seed,
+    batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
+    out = tfgpt2.sample_sequence(
+        model=model, length=length, context=[context] * args.batch_size,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot)
+    return [enc.decode(row[len(context):]) for row in out]
+
+
+def progress(total):
+    """A bar counting samples on stderr, shown only where stderr is a terminal."""
+    return tqdm(total=total, unit="sample", leave=False, disable=not sys.stderr.isatty())
+
+
+def show(n, text):
+    """Print sample n under the original's banner (past the progress bar)."""
+    tqdm.write("=" * 40 + " SAMPLE " + str(n) + " " + "=" * 40 + "\n" + text)
+    sys.stdout.flush()
+
+
+def run(main):
+    """Run main() as a command that Ctrl-C ends at once, even within a generation, as does a
+    closed stdout (`| head`): the default actions of SIGINT and SIGPIPE, no traceback."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored (`&`)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())
