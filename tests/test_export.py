@@ -108,7 +108,7 @@ REQUESTS = {
     "variable": gen(VARIABLE, 40, 10),
     **{f"alone {row}": gen([p], len(p), 10) for row, p in enumerate(VARIABLE)},
     "instances": ("generate", dict(gen(EQUAL, 6, 10)[1], **{k: np.repeat(v, 3) for k, v in options(10).items()})),
-    "whole context": gen([LONGEST], 60, 4),
+    "whole context": gen([LONGEST], 60, 5),
     # bad requests
     "logits id out of range": ("serving_default", dict(input_ids=BAD_IDS)),
     "logits beyond n_ctx": ("serving_default", dict(input_ids=ids(11, 1, 65))),
@@ -117,7 +117,7 @@ REQUESTS = {
     "logits int64": ("serving_default", dict(input_ids=GOOD.astype(np.int64))),
     "id out of range": bad(input_ids=BAD_IDS),
     "negative id": bad(input_ids=-GOOD),
-    "beyond n_ctx": gen([LONGEST], 60, 5),
+    "beyond n_ctx": gen([LONGEST], 60, 6),
     "max_new_tokens 0": bad(max_new_tokens=np.int32(0)),
     "top_k -1": bad(top_k=np.int32(-1)),
     "top_p 1.5": bad(top_p=np.float32(1.5)),
@@ -235,7 +235,7 @@ def test_each_padded_row_as_if_alone(answers):
 
 def test_the_whole_context_window(answers, tiny):
     (row,) = new_rows(answers["whole context"], REQUESTS["whole context"][1])
-    np.testing.assert_array_equal(row, generate(tiny, [LONGEST], 4, top_k=1)[0])
+    np.testing.assert_array_equal(row, generate(tiny, [LONGEST], 5, top_k=1)[0])
 
 
 def test_greedy_matches_the_reference(answers, tiny_dir):
@@ -254,7 +254,7 @@ def test_greedy_matches_the_reference(answers, tiny_dir):
     ("logits int64", "expected to be a int32 tensor but is a int64 tensor"),
     ("id out of range", "token ids must be < n_vocab=50257"),
     ("negative id", "token ids must be >= 0"),
-    ("beyond n_ctx", "prompt tokens + max_new_tokens must be <= n_ctx=64"),
+    ("beyond n_ctx", "prompt tokens + max_new_tokens - 1 must be <= n_ctx=64"),
     ("max_new_tokens 0", "max_new_tokens must be >= 1"),
     ("top_k -1", "top_k must be >= 0"),
     ("top_p 1.5", "top_p must be in [0, 1]"),

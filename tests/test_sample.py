@@ -198,7 +198,7 @@ def test_seed_reproducible_and_seeds_differ(tiny):
 @pytest.mark.parametrize("prompts, length, kwargs, message", [
     ([[1, 50257]], 4, {}, r"prompt 0: token id 50257 out of range \[0, n_vocab=50257\)"),
     ([[1], [-3]], 4, {}, r"prompt 1: token id -3 out of range"),
-    ([[1] * 60], 5, {}, r"prompt 0: 60 tokens \+ length 5 exceeds the context window n_ctx=64"),
+    ([[1] * 60], 6, {}, r"prompt 0: 60 tokens \+ length 6 - 1 exceeds the context window n_ctx=64"),
     ([[1]], 0, {}, r"length must be >= 1"),
     ([[]], 3, {}, r"at least one token"),
     ([[1]], 3, {"top_k": -1}, r"top_k must be >= 0"),

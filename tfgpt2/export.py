@@ -78,7 +78,8 @@ class Serving(tf.Module):
         prompt, real = self._prompts(input_ids, _rank_2(attention_mask))
         longest = _after(tf.reduce_max(real), *_check_options(*options[:4]))
         longest = _after(longest, tf.debugging.assert_less_equal(
-            longest + max_new_tokens, n_ctx, message=f"prompt tokens + max_new_tokens must be <= n_ctx={n_ctx}"))
+            longest + max_new_tokens - 1, n_ctx,
+            message=f"prompt tokens + max_new_tokens - 1 must be <= n_ctx={n_ctx}"))
         prompt_len = tf.minimum(_bucket(longest, n_ctx), n_ctx)
         total = tf.minimum(_bucket(prompt_len + max_new_tokens, 2 * n_ctx), prompt_len + n_ctx)
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]

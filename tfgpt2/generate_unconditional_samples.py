@@ -18,9 +18,6 @@ def main(argv=None):
                   nsamples=0, nsamples_help="how many samples; 0 (default) generates forever",
                   length_help="tokens per sample (default: the model's n_ctx)").parse_args(argv)
     model, enc, length = load(args, lambda n_ctx: n_ctx)
-    # tfgpt2.sample_sequence counts the start token against n_ctx, though the last new token
-    # is never fed back (the original allows n_ctx new tokens): one fewer until it allows it.
-    length = min(length, model.hparams.n_ctx - 1)
     generated, batch = 0, 0
     with progress(args.nsamples or None) as bar:
         while args.nsamples == 0 or generated < args.nsamples:

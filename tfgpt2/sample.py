@@ -188,8 +188,8 @@ def _check(prompts, length, hp, *, temperature, top_k, top_p):
         bad = p[(p < 0) | (p >= hp.n_vocab)]
         if bad.size:
             raise ValueError(f"prompt {row}: token id {bad[0]} out of range [0, n_vocab={hp.n_vocab})")
-        if len(p) + length > hp.n_ctx:
-            raise ValueError(f"prompt {row}: {len(p)} tokens + length {length} exceeds the context "
+        if len(p) + length - 1 > hp.n_ctx:  # the last new token is never fed back, as in the original
+            raise ValueError(f"prompt {row}: {len(p)} tokens + length {length} - 1 exceeds the context "
                              f"window n_ctx={hp.n_ctx}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
