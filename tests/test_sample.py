@@ -58,7 +58,7 @@ def test_cached_steps_equal_full_forward(tiny, pad):
     tokens = np.array(prompts_for(1, [12, 12]))
     full = tiny(tokens)["logits"].numpy()
     shape = past_shape(hparams=hp, batch_size=2, sequence=32)
-    cache = [tf.zeros(shape[:1] + shape[2:]) for _ in range(hp.n_layer)]
+    cache = [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
     pads = tf.constant([pad, pad])
     padded = np.concatenate([np.zeros([2, pad], np.int64), tokens[:, :5]], axis=1)
     out = tiny(padded, cache, pad=pads, cache_index=0)

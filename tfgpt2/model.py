@@ -119,13 +119,13 @@ def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
 
 
 def write_cache(cache, update, index):
-    """cache[:, :, :, index:index+n] = update, for cache [batch, 2, heads, T, features].
+    """cache[:, :, index:index+n] = update, for cache [batch, heads, T, features].
 
     A scatter, because XLA needs the bounds of a strided-slice update to be constants;
     under XLA it updates the loop's cache buffer in place.
     """
-    batch, kv, heads, n, _ = shape_list(update)
-    grid = tf.meshgrid(tf.range(batch), tf.range(kv), tf.range(heads), index + tf.range(n), indexing="ij")
+    batch, heads, n, _ = shape_list(update)
+    grid = tf.meshgrid(tf.range(batch), tf.range(heads), index + tf.range(n), indexing="ij")
     return tf.tensor_scatter_nd_update(cache, tf.stack(grid, axis=-1), update)
 
 
@@ -152,14 +152,15 @@ class Attention(keras.layers.Layer):
 
     def call(self, x, past=None, *, attn_mask, cache_index=None):
         """`past` [batch, 2, heads, sequence, features] is concatenated to, as in the original;
-        with `cache_index` it is a fixed-size cache that the new keys and values are written
-        into, and `present` is the whole updated cache."""
+        with `cache_index` it is a pair of fixed-size caches (keys, values), each
+        [batch, heads, T_max, features], that the new keys and values are written into, and
+        `present` is the pair of updated caches."""
         c = self.c_attn(x)
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
         present = tf.stack([k, v], axis=1)
         if cache_index is not None:
-            present = write_cache(past, present, cache_index)
-            k, v = tf.unstack(present, axis=1)
+            k, v = (write_cache(cache, new, cache_index) for cache, new in zip(past, (k, v)))
+            present = (k, v)
         elif past is not None:
             pk, pv = tf.unstack(past, axis=1)
             k = tf.concat([pk, k], axis=-2)
@@ -289,9 +290,9 @@ class GPT2(keras.Model):
 
     def call(self, X, past=None, *, pad=None, cache_index=None, last_only=False, return_hidden=False):
         """`past` as in the original. With `cache_index`, `past` is instead a list of per-layer
-        caches [batch, 2, n_head, T_max, head_dim] (separate tensors, so XLA updates each in
-        place) that X's keys and values are written into at slot `cache_index`, and 'present'
-        is the list of updated caches. `pad` [batch] counts each row's left-padding slots.
+        (keys, values) caches, each [batch, n_head, T_max, head_dim] (separate tensors, so that
+        XLA updates each in place and never slices them), that X's keys and values are written
+        into at slot `cache_index`, and 'present' is the list of updated caches. `pad` [batch] counts each row's left-padding slots.
         `last_only` computes logits for the last position only (all that generation needs:
         a long prompt's logits cost more than its forward pass). `return_hidden` adds 'hidden'
         [batch, n_layer, T, n_embd], the residual stream after each block."""
@@ -300,7 +301,7 @@ class GPT2(keras.Model):
         X = tf.convert_to_tensor(X)
         batch, sequence = shape_list(X)
         if cache_index is not None:
-            pasts, past_length, ns = past, cache_index, tf.shape(past[0])[-2]
+            pasts, past_length, ns = past, cache_index, tf.shape(past[0][0])[-2]
         else:
             pasts = tf.unstack(past, axis=1) if past is not None else [None] * hp.n_layer
             past_length = 0 if past is None else tf.shape(past)[-2]

@@ -106,7 +106,7 @@ class Generator:
         model, hp = self.model, self.model.hparams
         batch, prompt_len = shape_list(prompt)
         cache_shape = past_shape(hparams=hp, batch_size=batch, sequence=shape_list(tokens)[1])
-        cache = [tf.zeros(cache_shape[:1] + cache_shape[2:]) for _ in range(hp.n_layer)]
+        cache = [(tf.zeros(cache_shape[:1] + cache_shape[3:]),) * 2 for _ in range(hp.n_layer)]
         tokens = tf.concat([prompt, tokens[:, prompt_len:]], axis=1)
         temperature = tf.cast(temperature, tf.float32)
 
