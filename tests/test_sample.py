@@ -118,6 +118,21 @@ def test_stop_at_eot_per_row(tiny):
     assert len(rows[0]) == 3 + 5
 
 
+@pytest.mark.parametrize("stop_at_eot", [False, True])
+def test_generation_in_pieces_with_progress(tiny, stop_at_eot):
+    """`progress` runs the loop a chunk at a time: same tokens, counts that grow to the end."""
+    prompts = prompts_for(8, [2, 5])
+    whole = generate(tiny, prompts, 23, seed=3)
+    eot = int(whole[0][2 + 9]) if stop_at_eot else 50256
+    whole = generate(tiny, prompts, 23, seed=3, stop_at_eot=stop_at_eot, eot=eot)
+    seen = []
+    pieces = generate(tiny, prompts, 23, seed=3, stop_at_eot=stop_at_eot, eot=eot, progress=seen.append, chunk=5)
+    for a, b in zip(whole, pieces):
+        np.testing.assert_array_equal(a, b)
+    assert seen == sorted(seen) and seen[0] == 1 and len(seen) >= 3
+    assert seen[-1] == max(len(row) - len(p) for row, p in zip(whole, prompts))
+
+
 # ---- sampling statistics ----------------------------------------------------------------
 
 def reference_top_k(logits, k):

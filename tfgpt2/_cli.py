@@ -62,15 +62,18 @@ def load(args, default_length):
 def sample_batch(model, enc, args, length, context, batch):
     """The texts generated after `context` (token ids), one per row of the batch. With --seed,
     batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
-    out = tfgpt2.sample_sequence(
-        model=model, length=length, context=[context] * args.batch_size,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot)
+    with tqdm(total=length, unit="token", leave=False, position=1, disable=not sys.stderr.isatty()) as bar:
+        out = tfgpt2.sample_sequence(
+            model=model, length=length, context=[context] * args.batch_size,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
+            progress=None if bar.disable else lambda n: bar.update(n - bar.n))
     return [enc.decode(row[len(context):]) for row in out]
 
 
 def progress(total):
-    """A bar counting samples on stderr, shown only where stderr is a terminal."""
+    """A bar counting samples on stderr, shown only where stderr is a terminal (beneath it,
+    `sample_batch` counts the tokens of each batch as they are generated)."""
     return tqdm(total=total, unit="sample", leave=False, disable=not sys.stderr.isatty())
 
 

@@ -89,51 +89,69 @@ def choose(logits, *, temperature, top_k, top_p, seed):
 class Generator:
     """The compiled generation loop for one model.
 
-    `generate_padded` is a `tf.function` (XLA when `jit_compile`) over left-padded prompts;
-    `traces` counts how often it was traced, that is compiled.
+    `generate_padded` runs a whole generation as one `tf.function` (XLA when `jit_compile`)
+    over left-padded prompts. `start` (the prompt and the first new token) and `resume` (more
+    tokens, up to a count) run it in pieces, to report progress between them. `traces`
+    counts how often any of them was traced, that is compiled.
     """
 
     def __init__(self, model, *, jit_compile=True):
         self.model = model
         self.traces = 0
-        self.generate_padded = tf.function(self._generate, jit_compile=jit_compile)
+        self.generate_padded, self.start, self.resume = (
+            tf.function(self._counted(f), jit_compile=jit_compile) for f in (self._generate, self._start, self._resume))
 
-    def _generate(self, prompt, pad, tokens, length, temperature, top_k, top_p, seed, eot, stop_at_eot):
+    def _counted(self, f):
+        def traced(*args):
+            self.traces += 1
+            return f(*args)
+        return traced
+
+    def _generate(self, prompt, pad, tokens, length, *options):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
-        whose width T (>= P + length) sizes the cache. Returns tokens with the prompt and up
-        to `length` new tokens after it (eot after a row stops), and each row's new-token count."""
-        self.traces += 1
-        model, hp = self.model, self.model.hparams
+        whose width T (>= P + length) sizes the cache. `options` are temperature, top_k, top_p,
+        seed, eot, stop_at_eot. Returns tokens with the prompt and up to `length` new tokens
+        after it (eot after a row stops), and each row's count of new tokens."""
+        state = self._start(prompt, pad, tokens, *options)
+        state = self._resume(state, pad, shape_list(prompt)[1], length, *options)
+        return state["tokens"], state["lengths"]
+
+    def _start(self, prompt, pad, tokens, *options):
+        """The prompt through the model and the first new token: the state `_resume` continues."""
+        hp = self.model.hparams
         batch, prompt_len = shape_list(prompt)
         cache_shape = past_shape(hparams=hp, batch_size=batch, sequence=shape_list(tokens)[1])
         cache = [(tf.zeros(cache_shape[:1] + cache_shape[3:]),) * 2 for _ in range(hp.n_layer)]
-        tokens = tf.concat([prompt, tokens[:, prompt_len:]], axis=1)
-        temperature = tf.cast(temperature, tf.float32)
+        out = self.model(prompt, cache, pad=pad, cache_index=0, last_only=True)
+        state = dict(i=tf.constant(0), token=tf.zeros([batch], tf.int32), cache=out["present"],
+                     tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
+                     done=tf.zeros([batch], tf.bool), lengths=tf.zeros([batch], tf.int32))
+        return _pick(state, out["logits"][:, -1], prompt_len, *options)
 
-        def pick(i, logits, tokens, done):
-            token = choose(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                           seed=tf.stack([seed, tf.cast(i, tf.int64)]))
-            token = tf.where(done, eot, token)
-            index = prompt_len + i
-            tokens = tf.tensor_scatter_nd_update(
-                tokens, tf.stack([tf.range(batch), tf.fill([batch], index)], axis=1), token)
-            return token, tokens, tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot)))
+    def _resume(self, state, pad, prompt_len, until, *options):
+        """Generate from `state` until `until` new tokens, or until every row has stopped."""
+        def body(state):
+            out = self.model(state["token"][:, None], state["cache"], pad=pad,
+                             cache_index=prompt_len + state["i"] - 1)
+            return (_pick(dict(state, cache=out["present"]), out["logits"][:, 0], prompt_len, *options),)
 
-        out = model(prompt, cache, pad=pad, cache_index=0, last_only=True)
-        token, tokens, done = pick(0, out["logits"][:, -1], tokens, tf.zeros([batch], tf.bool))
-        lengths = tf.ones([batch], tf.int32)
+        def cond(state):
+            return tf.logical_and(state["i"] < until, tf.logical_not(tf.reduce_all(state["done"])))
+        return tf.while_loop(cond, body, (state,))[0]
 
-        def body(i, token, cache, tokens, done, lengths):
-            out = model(token[:, None], cache, pad=pad, cache_index=prompt_len + i - 1)
-            lengths += tf.cast(tf.logical_not(done), tf.int32)
-            token, tokens, done = pick(i, out["logits"][:, 0], tokens, done)
-            return i + 1, token, out["present"], tokens, done, lengths
 
-        _, _, _, tokens, _, lengths = tf.while_loop(
-            lambda i, token, cache, tokens, done, lengths: tf.logical_and(
-                i < length, tf.logical_not(tf.reduce_all(done))),
-            body, [tf.constant(1), token, out["present"], tokens, done, lengths])
-        return tokens, lengths
+def _pick(state, logits, prompt_len, temperature, top_k, top_p, seed, eot, stop_at_eot):
+    """New token number i (eot for rows already stopped), written after the prompt."""
+    i, done = state["i"], state["done"]
+    token = choose(logits, temperature=tf.cast(temperature, tf.float32), top_k=top_k, top_p=top_p,
+                   seed=tf.stack([seed, tf.cast(i, tf.int64)]))
+    token = tf.where(done, eot, token)
+    batch = tf.shape(token)[0]
+    tokens = tf.tensor_scatter_nd_update(
+        state["tokens"], tf.stack([tf.range(batch), tf.fill([batch], prompt_len + i)], axis=1), token)
+    return dict(state, i=i + 1, token=token, tokens=tokens,
+                lengths=state["lengths"] + tf.cast(tf.logical_not(done), tf.int32),
+                done=tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot))))
 
 
 _GENERATORS = weakref.WeakKeyDictionary()
@@ -153,11 +171,12 @@ def bucket(n, *, minimum=16):
 
 
 def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
-             stop_at_eot=False, eot=50256, jit_compile=True):
+             stop_at_eot=False, eot=50256, jit_compile=True, progress=None, chunk=32):
     """Continue each prompt (a list of token lists, lengths may differ) by up to `length`
     tokens. Returns a list of 1-D arrays, each prompt + its new tokens (cut after `eot`
     where `stop_at_eot`). Each row is generated as if alone (left padding, an attention mask,
-    positions counted per row)."""
+    positions counted per row). With `progress`, a callable, the loop runs `chunk` tokens at
+    a time and `progress(n)` is told the number of new tokens so far after each piece."""
     hp = model.hparams
     prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
     _check(prompts, length, hp, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -167,15 +186,25 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     padded = np.zeros([batch, prompt_len], np.int32)
     for row, p in enumerate(prompts):
         padded[row, prompt_len - len(p):] = p
-    pad = np.array([prompt_len - len(p) for p in prompts], np.int32)
+    pad = tf.constant([prompt_len - len(p) for p in prompts], tf.int32)
     if seed is None:
         seed = np.random.randint(2**31)
-    tokens, lengths = generator_for(model, jit_compile=jit_compile).generate_padded(
-        tf.constant(padded), tf.constant(pad), tf.zeros([batch, total], tf.int32), tf.constant(length),
-        tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
-        tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(stop_at_eot))
+    options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
+               tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(stop_at_eot))
+    generator = generator_for(model, jit_compile=jit_compile)
+    buffer = tf.zeros([batch, total], tf.int32)
+    if progress is None:
+        tokens, lengths = generator.generate_padded(tf.constant(padded), pad, buffer, tf.constant(length), *options)
+    else:
+        state = generator.start(tf.constant(padded), pad, buffer, *options)
+        while int(state["i"]) < length and not bool(tf.reduce_all(state["done"])):
+            progress(int(state["i"]))
+            until = tf.constant(min(int(state["i"]) + chunk, length))
+            state = generator.resume(state, pad, tf.constant(prompt_len), until, *options)
+        progress(int(state["i"]))
+        tokens, lengths = state["tokens"], state["lengths"]
     tokens, lengths = tokens.numpy(), lengths.numpy()
-    return [tokens[row, pad[row]:prompt_len + lengths[row]] for row in range(batch)]
+    return [tokens[row, prompt_len - len(p):prompt_len + lengths[row]] for row, p in enumerate(prompts)]
 
 
 def _check(prompts, length, hp, *, temperature, top_k, top_p):
@@ -200,12 +229,13 @@ def _check(prompts, length, hp, *, temperature, top_k, top_p):
 
 
 def sample_sequence(*, model, length, start_token=None, batch_size=None, context=None,
-                    temperature=1, top_k=0, top_p=1, seed=None, stop_at_eot=False, jit_compile=True):
+                    temperature=1, top_k=0, top_p=1, seed=None, stop_at_eot=False, jit_compile=True,
+                    progress=None):
     """The original's `sample_sequence`: returns context + `length` sampled tokens as an array
     [batch, context_len + length], for `context` [batch, context_len] or `start_token` and
     `batch_size`. Works for any batch size (the original fails above 1) and at temperature 0
     (greedy). A `context` whose rows differ in length gives a list of arrays instead; so does
-    `stop_at_eot`, whose rows end after their first `<|endoftext|>`.
+    `stop_at_eot`, whose rows end after their first `<|endoftext|>`. `progress`: see `generate`.
     """
     if (start_token is None) == (context is None):
         raise ValueError("Specify exactly one of start_token and context!")
@@ -214,6 +244,6 @@ def sample_sequence(*, model, length, start_token=None, batch_size=None, context
             raise ValueError("start_token needs batch_size")
         context = [[start_token]] * batch_size
     rows = generate(model, list(context), length, temperature=temperature, top_k=top_k, top_p=top_p,
-                    seed=seed, stop_at_eot=stop_at_eot, jit_compile=jit_compile)
+                    seed=seed, stop_at_eot=stop_at_eot, jit_compile=jit_compile, progress=progress)
     same = len({len(r) for r in rows}) == 1 and not stop_at_eot
     return np.stack(rows) if same else rows
