@@ -39,10 +39,6 @@ class HParams:
     def values(self):
         return dataclasses.asdict(self)
 
-    @property
-    def head_dim(self):
-        return self.n_embd // self.n_head
-
 
 def default_hparams():
     """The 124M model's shape with n_vocab 0, as in the original; `hparams.json` fills it in."""

@@ -157,14 +157,14 @@ class Attention(keras.layers.Layer):
         `present` is the pair of updated caches."""
         c = self.c_attn(x)
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
-        present = tf.stack([k, v], axis=1)
         if cache_index is not None:
-            k, v = (write_cache(cache, new, cache_index) for cache, new in zip(past, (k, v)))
-            present = (k, v)
-        elif past is not None:
-            pk, pv = tf.unstack(past, axis=1)
-            k = tf.concat([pk, k], axis=-2)
-            v = tf.concat([pv, v], axis=-2)
+            k, v = present = tuple(write_cache(cache, new, cache_index) for cache, new in zip(past, (k, v)))
+        else:
+            present = tf.stack([k, v], axis=1)
+            if past is not None:
+                pk, pv = tf.unstack(past, axis=1)
+                k = tf.concat([pk, k], axis=-2)
+                v = tf.concat([pv, v], axis=-2)
         a = multihead_attn(q, k, v, attn_mask)
         a = self.merge_heads(a)
         return self.c_proj(a), present
