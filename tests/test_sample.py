@@ -99,10 +99,10 @@ def test_variable_length_batch_rows_equal_rows_alone(folder, request):
 def test_one_compile_per_bucket(tiny):
     gen = generator_for(tiny)
     before = gen.traces
-    for length, new in [(3, 5), (5, 9), (9, 2), (16, 10)]:  # prompt bucket 16, total bucket 32
+    for length, new in [(3, 5), (5, 6), (9, 2), (16, 8)]:  # prompt bucket 16, total bucket 24
         generate(tiny, prompts_for(length, [length, length]), new, seed=1)
     assert gen.traces - before == 1
-    generate(tiny, prompts_for(7, [17, 17]), 5, seed=1)  # prompt bucket 32: one more
+    generate(tiny, prompts_for(7, [17, 17]), 5, seed=1)  # prompt bucket 24: one more
     assert gen.traces - before == 2
 
 

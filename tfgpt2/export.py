@@ -45,7 +45,7 @@ def _one_value(x, name):
 
 def _bucket(n, largest):
     """`sample.bucket(n)` as a tensor, for 1 <= n <= largest."""
-    sizes = tf.constant(sorted({bucket(1 << i) for i in range(bucket(largest).bit_length())}))
+    sizes = tf.constant(sorted({bucket(n) for n in range(1, largest + 1)}))
     return tf.reduce_min(tf.where(sizes >= n, sizes, sizes[-1]))
 
 

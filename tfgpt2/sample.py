@@ -166,8 +166,12 @@ def generator_for(model, *, jit_compile=True):
 
 
 def bucket(n, *, minimum=16):
-    """The length bucket for n: the next power of two, at least `minimum`."""
-    return max(minimum, 1 << (int(n) - 1).bit_length())
+    """The length bucket for n: the first of 16, 24, 32, 48, 64, 96, ... (powers of two and
+    1.5 times them) that holds it, so that padding wastes less than a third."""
+    size = minimum
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
 
 
 def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,

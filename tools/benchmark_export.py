@@ -61,7 +61,7 @@ def per_token(runs, prompts, *, short, long, repeats):
                    / (long - short)) for name in runs}
 
 
-def benchmark(model_dir, export_dir, *, batches=(1,), prompt_len=8, short=17, long=48, repeats=5, top_k=40):
+def benchmark(model_dir, export_dir, *, batches=(1,), prompt_len=8, short=49, long=80, repeats=5, top_k=40):
     """Export `model_dir` into `export_dir` and time both paths; returns a dict of results."""
     start = time.perf_counter()
     saved_model = export_saved_model(model_dir, export_dir)
@@ -93,8 +93,8 @@ def main(argv=None):
     parser.add_argument("--model_dir", help="a model folder (default: a 124M-shaped one, std 0.1, made here)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--prompt_len", type=int, default=8)
-    parser.add_argument("--short", type=int, default=17)
-    parser.add_argument("--long", type=int, default=48)
+    parser.add_argument("--short", type=int, default=49)
+    parser.add_argument("--long", type=int, default=80)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--top_k", type=int, default=40)
     args = parser.parse_args(argv)
