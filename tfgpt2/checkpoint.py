@@ -82,8 +82,12 @@ def _plan(stored, hparams, tie_embeddings, prefix):
 def load_weights(model, path):
     """Read an original checkpoint (folder or prefix) into `model`'s variables, one at a time."""
     prefix = checkpoint_prefix(path)
-    source = _plan(_open(prefix).get_variable_to_shape_map(), model.hparams, model.tie_embeddings, prefix)
+    return _restore(model, prefix, _plan(_open(prefix).get_variable_to_shape_map(), model.hparams,
+                                         model.tie_embeddings, prefix))
 
+
+def _restore(model, prefix, source):
+    """Each variable from the checkpoint tensor `source` maps its name to."""
     @tf.function(reduce_retracing=True)
     def restore(variable, name):
         # Inside a graph the restored tensor has no other owner, so the assignment takes its
@@ -111,10 +115,10 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True):
         raise FileNotFoundError(f"{model_dir}: no such model folder")
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
-    _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)
+    source = _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)
     with uninitialized():
         model = GPT2(hparams, tie_embeddings=tie_embeddings)
-    return load_weights(model, prefix)
+    return _restore(model, prefix, source)
 
 
 def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
