@@ -15,15 +15,16 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 from tfgpt2.hparams import PUBLISHED, default_hparams, published_hparams  # noqa: E402
+from tfgpt2.params import variable_shapes  # noqa: E402
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfgpt2", "assets")
+ASSETS = os.path.join(ROOT, "tfgpt2", "assets")
 
 
 def random_weights(hparams, *, std=0.1, seed=0, tie_embeddings=True):
     """Checkpoint name -> float32 array for every variable of `GPT2(hparams)`."""
-    from tfgpt2.params import variable_shapes
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in variable_shapes(hparams, tie_embeddings=tie_embeddings).items():
@@ -34,7 +35,7 @@ def random_weights(hparams, *, std=0.1, seed=0, tie_embeddings=True):
 
 def make_checkpoint(model_dir, hparams, *, std=0.1, seed=0, tie_embeddings=True):
     """Write the folder; returns its path."""
-    from tfgpt2.checkpoint import save_checkpoint
+    from tfgpt2.checkpoint import save_checkpoint  # TensorFlow: imported only when writing
     save_checkpoint(random_weights(hparams, std=std, seed=seed, tie_embeddings=tie_embeddings),
                     hparams, model_dir)
     for filename in ("encoder.json", "vocab.bpe"):
