@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tests.conftest import require_reference
 from tfgpt2 import load_model
-from tfgpt2.model import past_shape
+from tfgpt2.model import conv1d_layers, past_shape, transposed_weights
 from tfgpt2.reference import Reference
 from tfgpt2.sample import choose, generate, generator_for, sample_sequence, top_k_logits, top_p_logits
 
@@ -45,6 +45,9 @@ def test_greedy_matches_reference_124m(gpt2_124m_dir):
         for row in range(2):
             theirs, _ = ref.sample_sequence(context=context[row:row + 1], length=64, top_k=1, seed=0)
             np.testing.assert_array_equal(ours[row], theirs[0], err_msg=f"row {row}")
+            if row == 0:  # batch 1 takes another path on a CPU (transposed weights)
+                alone = sample_sequence(model=model, context=context[:1], length=64, top_k=1, seed=0)
+                np.testing.assert_array_equal(alone[0], theirs[0], err_msg="row 0 alone")
     assert len(set(ours[0, 5:].tolist())) > 5, "degenerate continuation; weights too small?"
 
 
@@ -74,6 +77,42 @@ def test_compiled_greedy_equals_uncached_greedy(tiny, jit_compile):
     prompt = prompts_for(2, [4])[0]
     ours = generate(tiny, [prompt], 20, top_k=1, jit_compile=jit_compile)[0]
     assert ours.tolist() == greedy_uncached(tiny, prompt, 20)
+
+
+def test_transposed_weights_give_the_same_logits(wide_dir):
+    """The [nf, nx] copies batch-1 generation multiplies by on a CPU: prefill and one cached
+    step under XLA, against the model's own weights."""
+    model = load_model(wide_dir)
+    hp = model.hparams
+    weights = generator_for(model).transposed()
+    assert [tuple(w.shape) for w in weights[:4]] == [
+        (3 * hp.n_embd, hp.n_embd), (hp.n_embd, hp.n_embd), (4 * hp.n_embd, hp.n_embd), (hp.n_embd, 4 * hp.n_embd)]
+
+    @tf.function(jit_compile=True)
+    def two_steps(tokens, weights):
+        with transposed_weights(dict(zip(conv1d_layers(model), weights))):
+            shape = past_shape(hparams=hp, batch_size=1, sequence=16)
+            cache = [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
+            out = model(tokens[:, :5], cache, cache_index=0)
+            return out["logits"], model(tokens[:, 5:6], out["present"], cache_index=5)["logits"]
+
+    tokens = np.array(prompts_for(11, [6]))
+    full = model(tokens)["logits"].numpy()
+    for weights_used in (weights, ()):
+        prefill, step = two_steps(tf.constant(tokens), weights_used)
+        np.testing.assert_allclose(prefill.numpy()[0], full[0, :5], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(step.numpy()[0, 0], full[0, 5], atol=ATOL, rtol=0)
+
+
+def test_batch_one_generation_uses_transposed_weights_where_they_pay(wide_dir):
+    model = load_model(wide_dir)
+    gen = generator_for(model)
+    assert len(gen.weights_for(1, 16)) == 4 * model.hparams.n_layer
+    assert gen.weights_for(2, 16) == () and gen.weights_for(1, 15) == ()
+    assert generator_for(model, jit_compile=False).weights_for(1, 16) == ()
+    prompt = prompts_for(12, [3])[0]
+    ours = generate(model, [prompt], 40, top_k=1)[0]
+    assert ours.tolist() == greedy_uncached(model, prompt, 40)
 
 
 def test_temperature_zero_is_greedy(tiny):

@@ -84,7 +84,7 @@ class Serving(tf.Module):
         total = tf.minimum(_bucket(prompt_len + max_new_tokens, 2 * n_ctx), prompt_len + n_ctx)
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
         tokens, lengths = self._generator.generate_padded(
-            prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
+            (), prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
             temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
         new = tokens[:, prompt_len:prompt_len + max_new_tokens]
         new = tf.where(tf.range(max_new_tokens)[None] < lengths[:, None], new, self._eot)
