@@ -112,12 +112,12 @@ class Generator:
                 return f(*args)
         return traced
 
-    def weights_for(self, batch, length):
-        """`transposed()`, each block weight copied as [nf, nx], where that pays: batch 1 on a
-        CPU under XLA (`model.transposed_weights` says why), `length` >= 16 tokens to repay the
-        copy (about 0.1 s and 340 MB for 124M, freed after the call). Otherwise ()."""
+    def weights_for(self, length):
+        """`transposed()`, each block weight copied as [nf, nx], where that pays: on a CPU under
+        XLA (`model.transposed_weights` says why), for `length` >= 16 new tokens, which repay
+        the copy (about 0.1 s and 340 MB for 124M, freed after the call). Otherwise ()."""
         on_cpu = "CPU" in self.model.wte.value.device
-        return self.transposed() if self.jit_compile and on_cpu and batch == 1 and length >= 16 else ()
+        return self.transposed() if self.jit_compile and on_cpu and length >= 16 else ()
 
     def _generate(self, prompt, pad, tokens, length, *options):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
@@ -208,7 +208,7 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
                tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(stop_at_eot))
     generator = generator_for(model, jit_compile=jit_compile)
-    weights = generator.weights_for(batch, length)
+    weights = generator.weights_for(length)
     buffer = tf.zeros([batch, total], tf.int32)
     if progress is None:
         tokens, lengths = generator.generate_padded(weights, tf.constant(padded), pad, buffer, tf.constant(length),
