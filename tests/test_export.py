@@ -106,6 +106,8 @@ REQUESTS = {
     "sampled": gen(EQUAL, 6, 10, **SAMPLING),
     "sampled again": gen(EQUAL, 6, 10, **SAMPLING),
     "variable": gen(VARIABLE, 40, 10),
+    "greedy 20": gen(EQUAL, 6, 20),  # from TRANSPOSE_FROM = 16 tokens on, transposed weights
+    "variable 20": gen(VARIABLE, 40, 20),
     **{f"alone {row}": gen([p], len(p), 10) for row, p in enumerate(VARIABLE)},
     "instances": ("generate", dict(gen(EQUAL, 6, 10)[1], **{k: np.repeat(v, 3) for k, v in options(10).items()})),
     "whole context": gen([LONGEST], 60, 5),
@@ -196,17 +198,19 @@ def test_logits_match_the_keras_model(answers, tiny, shape):
     assert np.abs(logits - expected).max() <= ATOL
 
 
-@pytest.mark.parametrize("name, prompts, kwargs", [
-    ("greedy", EQUAL, dict(top_k=1)),
-    ("sampled", EQUAL, SAMPLING),
-    ("variable", VARIABLE, dict(top_k=1)),
+@pytest.mark.parametrize("name, prompts, new, kwargs", [
+    ("greedy", EQUAL, 10, dict(top_k=1)),
+    ("sampled", EQUAL, 10, SAMPLING),
+    ("variable", VARIABLE, 10, dict(top_k=1)),
+    ("greedy 20", EQUAL, 20, dict(top_k=1)),
+    ("variable 20", VARIABLE, 20, dict(top_k=1)),
 ])
-def test_generate_matches_the_library(answers, tiny, name, prompts, kwargs):
+def test_generate_matches_the_library(answers, tiny, name, prompts, new, kwargs):
     answer = answers[name]
-    assert answer["output_ids"].shape == (len(prompts), REQUESTS[name][1]["input_ids"].shape[1] + 10)
-    np.testing.assert_array_equal(answer["output_ids"][:, :-10], REQUESTS[name][1]["input_ids"])
-    np.testing.assert_array_equal(answer["lengths"], [10] * len(prompts))
-    expected = generate(tiny, prompts, 10, **kwargs)
+    assert answer["output_ids"].shape == (len(prompts), REQUESTS[name][1]["input_ids"].shape[1] + new)
+    np.testing.assert_array_equal(answer["output_ids"][:, :-new], REQUESTS[name][1]["input_ids"])
+    np.testing.assert_array_equal(answer["lengths"], [new] * len(prompts))
+    expected = generate(tiny, prompts, new, **kwargs)
     for row, (ours, theirs) in enumerate(zip(new_rows(answer, REQUESTS[name][1]), expected)):
         np.testing.assert_array_equal(ours, theirs, err_msg=f"row {row}")
 

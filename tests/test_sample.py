@@ -45,7 +45,7 @@ def test_greedy_matches_reference_124m(gpt2_124m_dir):
         for row in range(2):
             theirs, _ = ref.sample_sequence(context=context[row:row + 1], length=64, top_k=1, seed=0)
             np.testing.assert_array_equal(ours[row], theirs[0], err_msg=f"row {row}")
-            if row == 0:  # without the transposed weights (generation in pieces of 8 < 16)
+            if row == 0:  # 8 < TRANSPOSE_FROM new tokens: the untransposed weights
                 alone = sample_sequence(model=model, context=context[:1], length=8, top_k=1, seed=0)
                 np.testing.assert_array_equal(alone[0], theirs[0, :5 + 8], err_msg="row 0, 8 tokens")
     assert len(set(ours[0, 5:].tolist())) > 5, "degenerate continuation; weights too small?"

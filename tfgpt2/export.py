@@ -13,7 +13,9 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
 
 `generate` checks its inputs with asserts (XLA would clamp bad ids silently), buckets the
 prompt and total lengths as `sample.generate` does, and calls the same XLA-compiled
-`Generator.generate_padded`, which XLA compiles once per (batch, prompt bucket, total bucket).
+`Generator.generate_padded`, which XLA compiles once per (batch, prompt bucket, total bucket),
+from `TRANSPOSE_FROM` new tokens on with the transposed weights `sample.generate` uses on a
+CPU (wherever the export is served: on a GPU they cost a fast copy and change nothing else).
 """
 import glob
 import os
@@ -22,7 +24,7 @@ import shutil
 import tensorflow as tf
 
 from .checkpoint import checkpoint_prefix, load_model
-from .sample import Generator, bucket
+from .sample import TRANSPOSE_FROM, Generator, bucket
 
 SCALARS = {"max_new_tokens": tf.int32, "temperature": tf.float32, "top_k": tf.int32,
            "top_p": tf.float32, "seed": tf.int64}
@@ -83,9 +85,12 @@ class Serving(tf.Module):
         prompt_len = tf.minimum(_bucket(longest, n_ctx), n_ctx)
         total = tf.minimum(_bucket(prompt_len + max_new_tokens, 2 * n_ctx), prompt_len + n_ctx)
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
-        tokens, lengths = self._generator.generate_padded(
-            (), prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
-            temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
+        args = (prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
+                temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
+        generate_padded = self._generator.generate_padded
+        tokens, lengths = tf.cond(max_new_tokens >= TRANSPOSE_FROM,
+                                  lambda: generate_padded(self._generator.transposed(), *args),
+                                  lambda: generate_padded((), *args))
         new = tokens[:, prompt_len:prompt_len + max_new_tokens]
         new = tf.where(tf.range(max_new_tokens)[None] < lengths[:, None], new, self._eot)
         return {"output_ids": tf.concat([input_ids, new], axis=1), "lengths": lengths}

@@ -16,6 +16,7 @@ import tensorflow as tf
 from .model import conv1d_layers, past_shape, shape_list, transposed_weights
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
+TRANSPOSE_FROM = 16  # new tokens from which generation on a CPU copies the weights transposed
 
 
 def _order_key(x):
@@ -114,10 +115,10 @@ class Generator:
 
     def weights_for(self, length):
         """`transposed()`, each block weight copied as [nf, nx], where that pays: on a CPU under
-        XLA (`model.transposed_weights` says why), for `length` >= 16 new tokens, which repay
+        XLA (`model.transposed_weights` says why), for `length` >= TRANSPOSE_FROM new tokens, which repay
         the copy (about 0.1 s and 340 MB for 124M, freed after the call). Otherwise ()."""
         on_cpu = "CPU" in self.model.wte.value.device
-        return self.transposed() if self.jit_compile and on_cpu and length >= 16 else ()
+        return self.transposed() if self.jit_compile and on_cpu and length >= TRANSPOSE_FROM else ()
 
     def _generate(self, prompt, pad, tokens, length, *options):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
