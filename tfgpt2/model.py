@@ -39,9 +39,8 @@ def transposed_weights(weights):
 
     Same values, another memory layout, for the decoding steps of XLA-compiled generation on a
     CPU, which spend their time reading the weights: XLA multiplies a few rows by a [nx, nf]
-    weight on one core, and the [nf, nx] copy on all of them (124M, 2 cores: 32 -> 23 ms per
-    step at batch 1, 61 -> 40 ms at batch 8). XLA only (it needs an optimization barrier).
-    The caller makes the copies (`Generator.transposed`)."""
+    weight on one core, and the [nf, nx] copy on all of them (README, Speed). XLA only (it
+    needs an optimization barrier). The caller makes the copies (`Generator.transposed`)."""
     token = _TRANSPOSED.set(weights)
     try:
         yield
