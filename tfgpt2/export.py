@@ -15,7 +15,8 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
 prompt and total lengths as `sample.generate` does, and calls the same XLA-compiled
 `Generator.generate_padded`, which XLA compiles once per (batch, prompt bucket, total bucket),
 from `TRANSPOSE_FROM` new tokens on with the transposed weights `sample.generate` uses on a
-CPU (wherever the export is served: on a GPU they cost a fast copy and change nothing else).
+CPU (wherever the export is served; on a GPU, where they gain nothing, they cost a copy per
+request, not measured here).
 """
 import glob
 import os
