@@ -204,6 +204,19 @@ def test_complete_files_are_not_fetched_again(storage, tmp_path):
     assert len(storage.requests) == len(dm.FILENAMES) + 2
 
 
+def test_offline_rerun_keeps_complete_files(storage, tmp_path, capfd):
+    """Files under their final names were written whole, so without a network a rerun keeps
+    them (saying so) and fails only for a missing file."""
+    folder = Path(dm.download_model('124M', tmp_path, storage.url))
+    offline = f'http://127.0.0.1:{closed_port()}'
+    assert dm.download_model('124M', tmp_path, offline) == str(folder)
+    assert_complete(folder, storage.model)
+    assert capfd.readouterr().err.count('unchecked') == len(dm.FILENAMES)
+    (folder / 'vocab.bpe').unlink()
+    with pytest.raises(dm.DownloadError, match=r'cannot reach .*/models/124M/vocab\.bpe'):
+        dm.download_model('124M', tmp_path, offline)
+
+
 def closed_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))

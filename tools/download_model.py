@@ -6,7 +6,9 @@ fills models/124M/ with the seven files of <base_url>/models/124M/.  Each file i
 <file>.part and renamed once its size equals the server's Content-Length, so a file under its
 final name is complete.  A rerun skips the files whose size matches a HEAD request's
 Content-Length (it cannot tell a same-sized file that changed on the server), resumes a .part
-file where the server answers a Range request with 206, and restarts it where not.
+file where the server answers a Range request with 206, and restarts it where not.  Where the
+server cannot be reached at all, a rerun keeps the files it finds under their final names
+(unchecked, with a note) and fails only for a missing one.
 """
 
 import argparse
@@ -28,6 +30,10 @@ TIMEOUT = (10, 60)  # seconds to connect, and between two reads
 
 class DownloadError(Exception):
     """A download failed; the message is one line that names the URL where there is one."""
+
+
+class Unreachable(DownloadError):
+    """No connection to the server at all (no network, wrong host)."""
 
 
 def download_model(model_name, models_dir='models', base_url=BASE_URL):
@@ -52,7 +58,13 @@ def check_model_name(model_name):
 
 def download_file(session, url, path):
     """Make `path` the complete file at `url`, unless it has that file's size already."""
-    size = _request(session, 'HEAD', url, allow_redirects=True).headers.get('Content-Length')
+    try:
+        size = _request(session, 'HEAD', url, allow_redirects=True).headers.get('Content-Length')
+    except Unreachable as e:
+        if not os.path.isfile(path):
+            raise
+        print(f'{e}; keeping {path} unchecked', file=sys.stderr)
+        return
     if size is None:
         raise DownloadError(f'{url}: the server gives no Content-Length')
     size = int(size)
@@ -103,7 +115,7 @@ def _request(session, method, url, **kwargs):
     try:
         r = session.request(method, url, timeout=TIMEOUT, **kwargs)
     except requests.ConnectionError as e:
-        raise DownloadError(f'cannot reach {url}: is the network up? ({_reason(e)})') from None
+        raise Unreachable(f'cannot reach {url}: is the network up? ({_reason(e)})') from None
     except requests.RequestException as e:
         raise DownloadError(f'{url}: {type(e).__name__}: {_reason(e)}') from None
     if r.status_code >= 400:
