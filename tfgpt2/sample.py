@@ -116,7 +116,7 @@ class Generator:
     def weights_for(self, length):
         """`transposed()`, each block weight copied as [nf, nx], where that pays: on a CPU
         under XLA (`model.transposed_weights` says why), for `length` >= TRANSPOSE_FROM new
-        tokens, which repay the copy (about 0.1 s and 340 MB for 124M, freed after the call).
+        tokens, which repay the copy (340 MB for 124M, freed after the call).
         Otherwise ()."""
         on_cpu = "CPU" in self.model.wte.value.device
         return self.transposed() if self.jit_compile and on_cpu and length >= TRANSPOSE_FROM else ()
