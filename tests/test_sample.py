@@ -111,7 +111,13 @@ def test_generation_uses_transposed_weights_where_they_pay(wide_dir):
     assert gen.weights_for(15) == ()
     assert generator_for(model, jit_compile=False).weights_for(16) == ()
     prompts = prompts_for(12, [3, 1, 6])
-    together = generate(model, prompts, 40, top_k=1)
+    copies, transposed = [], gen.transposed
+    gen.transposed = lambda: copies.append(1) or transposed()
+    try:
+        together = generate(model, prompts, 40, top_k=1)
+    finally:
+        gen.transposed = transposed
+    assert copies == [1], "generate did not use the transposed copies"
     for prompt, row in zip(prompts, together):
         assert row.tolist() == greedy_uncached(model, prompt, 40)
 
