@@ -320,7 +320,7 @@ def test_124m_one_copy_of_wte_and_logits(gpt2_124m_dir, tmp_path):
     exported = export_saved_model(gpt2_124m_dir, str(tmp_path / "gpt2"))
     assert_one_copy(exported, gpt2_124m_dir)
     tokens = ids(12, 2, 9)
-    (answer,) = serve({"logits": (exported, "serving_default", dict(input_ids=tokens))}, tmp_path).values()
+    answer = serve({"logits": (exported, "serving_default", dict(input_ids=tokens))}, tmp_path)["logits"]
     expected = load_model(gpt2_124m_dir)(tokens)["logits"].numpy()
     assert np.abs(answer["logits"] - expected).max() <= ATOL
 
