@@ -15,7 +15,7 @@ import tensorflow as tf
 import keras
 from tensorflow.compiler.tf2xla.python import xla
 
-from .hparams import default_hparams
+from .hparams import as_hparams, default_hparams
 
 
 _INITIALIZE = contextvars.ContextVar("initialize", default=True)
@@ -77,6 +77,12 @@ def gelu(x):
     return 0.5 * x * (1 + tf.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3))))
 
 
+def serializable(cls):
+    """Register a layer for `keras.models.load_model`, under the package name tfgpt2."""
+    return keras.saving.register_keras_serializable(package="tfgpt2")(cls)
+
+
+@serializable
 class Norm(keras.layers.Layer):
     """norm: LayerNorm over the last axis, epsilon inside the rsqrt, as written in the original."""
 
@@ -94,6 +100,12 @@ class Norm(keras.layers.Layer):
         x = (x - u) * tf.math.rsqrt(s + self.epsilon)
         return x * self.g + self.b
 
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "n_state": self.n_state, "epsilon": self.epsilon}
+
 
 def split_states(x, n):
     """Reshape the last dimension of x into [n, x.shape[-1]/n]."""
@@ -107,6 +119,7 @@ def merge_states(x):
     return tf.reshape(x, start + [a * b])
 
 
+@serializable
 class Conv1D(keras.layers.Layer):
     """conv1d: a dense layer whose weight keeps the original's [1, nx, nf] shape."""
 
@@ -129,6 +142,12 @@ class Conv1D(keras.layers.Layer):
             # of them. The barrier keeps XLA from rewriting it back into x @ w.
             y = tf.transpose(xla.optimization_barrier(tf.matmul(w_t, x, transpose_b=True))[0]) + self.b
         return tf.reshape(y, start + [self.nf])
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.nf)
+
+    def get_config(self):
+        return {**super().get_config(), "nx": self.nx, "nf": self.nf, "w_init_stdev": self.w_init_stdev}
 
 
 def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
@@ -159,19 +178,28 @@ def write_cache(cache, update, index):
     return tf.tensor_scatter_nd_update(cache, tf.stack(grid, axis=-1), update)
 
 
+@serializable
 class Attention(keras.layers.Layer):
     """attn: causal multi-head self-attention returning `present` ([k, v] of the new tokens)."""
 
     def __init__(self, n_state, *, hparams, **kwargs):
         super().__init__(**kwargs)
+        hparams = as_hparams(hparams)
         assert n_state % hparams.n_head == 0
-        self.n_head = hparams.n_head
+        self.n_state, self.hparams, self.n_head = n_state, hparams, hparams.n_head
         self.c_attn = Conv1D(n_state, n_state * 3, name="c_attn")
         self.c_proj = Conv1D(n_state, n_state, name="c_proj")
 
     def build(self, input_shape=None):
-        self.c_attn.build()
-        self.c_proj.build()
+        self.c_attn.build(input_shape)
+        self.c_proj.build(input_shape)
+
+    def compute_output_shape(self, input_shape):
+        batch, sequence, _ = input_shape
+        return input_shape, (batch, 2, self.n_head, sequence, self.n_state // self.n_head)
+
+    def get_config(self):
+        return {**super().get_config(), "n_state": self.n_state, "hparams": self.hparams.values()}
 
     def split_heads(self, x):
         # From [batch, sequence, features] to [batch, heads, sequence, features]
@@ -215,6 +243,7 @@ def multihead_attn(q, k, v, mask):
     return tf.matmul(w, v)
 
 
+@serializable
 class MLP(keras.layers.Layer):
     """mlp: c_fc to n_state, tanh GELU, c_proj back to nx."""
 
@@ -224,18 +253,26 @@ class MLP(keras.layers.Layer):
         self.c_proj = Conv1D(n_state, nx, name="c_proj")
 
     def build(self, input_shape=None):
-        self.c_fc.build()
-        self.c_proj.build()
+        self.c_fc.build(input_shape)
+        self.c_proj.build(input_shape and self.c_fc.compute_output_shape(input_shape))
 
     def call(self, x):
         return self.c_proj(gelu(self.c_fc(x)))
 
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
+    def get_config(self):
+        return {**super().get_config(), "nx": self.c_fc.nx, "n_state": self.c_fc.nf}
+
+
+@serializable
 class Block(keras.layers.Layer):
     """block: pre-norm attention and MLP, each added to the residual stream."""
 
     def __init__(self, *, hparams, **kwargs):
         super().__init__(**kwargs)
+        self.hparams = hparams = as_hparams(hparams)
         nx = hparams.n_embd
         self.ln_1 = Norm(nx, name="ln_1")
         self.attn = Attention(nx, hparams=hparams, name="attn")
@@ -244,7 +281,7 @@ class Block(keras.layers.Layer):
 
     def build(self, input_shape=None):
         for layer in (self.ln_1, self.attn, self.ln_2, self.mlp):
-            layer.build()
+            layer.build(input_shape)
 
     def call(self, x, past=None, *, attn_mask, cache_index=None):
         a, present = self.attn(self.ln_1(x), past, attn_mask=attn_mask, cache_index=cache_index)
@@ -252,6 +289,12 @@ class Block(keras.layers.Layer):
         m = self.mlp(self.ln_2(x))
         x = x + m
         return x, present
+
+    def compute_output_shape(self, input_shape):
+        return self.attn.compute_output_shape(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "hparams": self.hparams.values()}
 
 
 def past_shape(*, hparams, batch_size=None, sequence=None):
@@ -286,6 +329,7 @@ def check_inputs(X, positions, hparams):
         return tf.identity(X)
 
 
+@serializable
 class GPT2(keras.Model):
     """model: token and position embeddings, n_layer blocks, a final norm, and logits from the
     token embedding itself (weight tying), unless `tie_embeddings=False` gives the output
@@ -297,7 +341,7 @@ class GPT2(keras.Model):
 
     def __init__(self, hparams=None, *, tie_embeddings=True, name="model", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.hparams = (hparams or default_hparams()).validate()
+        self.hparams = as_hparams(hparams or default_hparams()).validate()
         if self.hparams.n_vocab < 1:
             raise ValueError("hparams.n_vocab must be set (>= 1); read it from hparams.json")
         self.tie_embeddings = tie_embeddings
@@ -312,11 +356,14 @@ class GPT2(keras.Model):
         self.wte = self.add_weight(name="wte", shape=[hp.n_vocab, hp.n_embd],
                                    initializer=normal(0.02))
         for block in self.h:
-            block.build()
-        self.ln_f.build()
+            block.build((None, None, hp.n_embd))
+        self.ln_f.build((None, None, hp.n_embd))
         self.out_head = None if self.tie_embeddings else self.add_weight(
             name="out_head", shape=[hp.n_vocab, hp.n_embd],
             initializer=normal(0.02))
+
+    def get_config(self):
+        return {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings}
 
     def call(self, X, past=None, *, pad=None, cache_index=None, last_only=False, return_hidden=False):
         """`past` as in the original. With `cache_index`, `past` is instead a list of per-layer
