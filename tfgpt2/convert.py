@@ -101,7 +101,12 @@ def check_tensors(hparams, tensors):
                  for name, shape in expected.items() if name in tensors and list(np.shape(tensors[name])) != shape]
     problems += [f"{name} is not a GPT-2 variable" for name in tensors if name not in expected]
     if problems:
-        raise ConversionError(f"tensors do not fit hparams {hparams.values()}: " + "; ".join(problems))
+        raise ConversionError(f"tensors do not fit hparams {hparams.values()}: {_some(problems, '; ')}")
+
+
+def _some(items, sep=", ", n=8):
+    """The first n items joined, and how many more there are."""
+    return sep.join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def _check_format(fmt):
@@ -208,16 +213,15 @@ def read_hf(folder):
     wanted = {hf_name(name): name for name in shapes}
     where = os.path.join(folder, "model.safetensors")
     problems = [f"missing tensor {name}" for name in wanted if name not in stored]
-    problems += [f"{name} is {handle.get_slice(key).get_shape()}, config.json implies {hf_shape(shapes[wanted[name]])}"
-                 for name, (handle, key) in stored.items()
-                 if name in wanted and handle.get_slice(key).get_shape() != hf_shape(shapes[wanted[name]])]
+    found = {name: stored[name][0].get_slice(stored[name][1]).get_shape() for name in wanted if name in stored}
+    problems += [f"{name} is {shape}, config.json implies {hf_shape(shapes[wanted[name]])}"
+                 for name, shape in found.items() if shape != hf_shape(shapes[wanted[name]])]
     extra = sorted(name for name in stored if name not in wanted)
     if extra:
-        problems.append(f"tensors config.json's GPT-2 has no place for: {', '.join(extra[:10])}"
-                        + (f" and {len(extra) - 10} more" if len(extra) > 10 else ""))
+        problems.append(f"tensors config.json's GPT-2 has no place for: {_some(extra)}")
     if problems:
         raise ConversionError(f"{where} does not fit {config_path} ({hparams.values()}, "
-                              f"tie_word_embeddings={tie}): " + "; ".join(problems))
+                              f"tie_word_embeddings={tie}): {_some(problems, '; ')}")
     tensors = {}
     for name, ours in wanted.items():
         handle, key = stored[name]
@@ -287,6 +291,7 @@ def write_hf(hparams, tensors, folder):
               np.ascontiguousarray(np.reshape(value, hf_shape(list(np.shape(value)))), dtype=np.float32)
               for name, value in tensors.items()}
     save_file(arrays, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(os.path.join(folder, "model.safetensors"), 0o644)  # safetensors writes it as 0600
     config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
               "vocab_size": hparams.n_vocab, "n_positions": hparams.n_ctx, "n_ctx": hparams.n_ctx,
               "n_embd": hparams.n_embd, "n_head": hparams.n_head, "n_layer": hparams.n_layer,
@@ -378,15 +383,15 @@ def read_kerashub(folder):
     parts = {}
     with h5py.File(path, "r") as f:
         stored = {}
-        f.visititems(lambda key, item: stored.setdefault(key, item.shape) if isinstance(item, h5py.Dataset) else None)
+        f.visititems(lambda key, item: stored.update({key: item.shape}) if isinstance(item, h5py.Dataset) else None)
         problems = [f"missing {key}" for key, *_ in layout if key not in stored]
         problems += [f"{key} is {list(stored[key])}, config.json implies {shape}"
                      for key, _, shape, _ in layout if key in stored and list(stored[key]) != shape]
         extra = sorted(set(stored) - {key for key, *_ in layout})
         if extra:
-            problems.append(f"weights config.json's GPT-2 has no place for: {', '.join(extra[:10])}")
+            problems.append(f"weights config.json's GPT-2 has no place for: {_some(extra)}")
         if problems:
-            raise ConversionError(f"{path} does not fit {config_path} ({hparams.values()}): " + "; ".join(problems))
+            raise ConversionError(f"{path} does not fit {config_path} ({hparams.values()}): {_some(problems, '; ')}")
         for key, name, _, part in layout:
             value = _float32(_h5_value(f[key]), f"{path}: {key}")
             shape = hf_shape(shapes[name])
