@@ -337,6 +337,9 @@ class GPT2(keras.Model):
 
     `model(X, past=None)` returns {'logits': [batch, T, n_vocab],
     'present': [batch, n_layer, 2, n_head, T, n_embd // n_head]} as the original does.
+
+    Saved the Keras way (`model.save("x.keras")`), it loads with `keras.models.load_model`
+    wherever `tfgpt2.model` has been imported (which registers it).
     """
 
     def __init__(self, hparams=None, *, tie_embeddings=True, name="model", **kwargs):
