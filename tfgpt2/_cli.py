@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 import tfgpt2
-from .hparams import load_hparams
+from .hparams import load_hparams, missing_model
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notices, before it is imported
 
@@ -49,6 +49,8 @@ def load(args, default_length):
     models_dir = os.path.expanduser(os.path.expandvars(args.models_dir))
     model_dir = os.path.join(models_dir, args.model_name)
     try:
+        if not os.path.isdir(model_dir):
+            raise FileNotFoundError(missing_model(args.model_name, models_dir))
         n_ctx = load_hparams(model_dir).n_ctx
         if args.length is not None and args.length > n_ctx:
             sys.exit(f"Can't get samples longer than window size: {n_ctx}")

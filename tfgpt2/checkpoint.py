@@ -12,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-from .hparams import load_hparams, save_hparams
+from .hparams import load_hparams, missing_model, save_hparams
 from .model import GPT2
 from .params import variable_shapes
 
@@ -105,14 +105,24 @@ def _restore(model, prefix, source):
     return model
 
 
-def load_model(model_dir, *, checkpoint=None, tie_embeddings=True):
+def find_model_dir(model, models_dir="models"):
+    """`model` if it is a folder, else the folder `<models_dir>/<model>` (a model name)."""
+    if os.path.isdir(model):
+        return model
+    path = os.path.join(models_dir, model)
+    if os.path.isdir(path):
+        return path
+    raise FileNotFoundError(missing_model(model, models_dir))
+
+
+def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, models_dir="models"):
     """Build `GPT2` from `<model_dir>/hparams.json` and load the original checkpoint into it.
 
+    `model_dir` is a folder, or a model name ("124M") for `<models_dir>/<name>`.
     `checkpoint` (a folder or prefix) defaults to `model_dir`. The checkpoint's names and
     shapes are checked against the hparams before any weight is allocated.
     """
-    if not os.path.isdir(model_dir):
-        raise FileNotFoundError(f"{model_dir}: no such model folder")
+    model_dir = find_model_dir(model_dir, models_dir)
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
     source = _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)

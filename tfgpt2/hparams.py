@@ -54,10 +54,28 @@ PUBLISHED = {
 }
 
 
+def as_hparams(value):
+    """`value` itself if HParams, else HParams from its dict (as a Keras config holds them)."""
+    return value if isinstance(value, HParams) else default_hparams().override_from_dict(value)
+
+
 def published_hparams(model_name):
     if model_name not in PUBLISHED:
         raise ValueError(f"unknown model name {model_name!r}; the published sizes are {list(PUBLISHED)}")
     return default_hparams().override_from_dict(PUBLISHED[model_name])
+
+
+def missing_model(model, models_dir="models"):
+    """What to say of a model folder that does not exist (`model` a name in `models_dir`, or a
+    path): how to download a published one."""
+    name = os.path.basename(os.path.normpath(model))
+    if model != name:
+        models_dir = os.path.dirname(os.path.normpath(model)) or "."
+    where = os.path.join(models_dir, name)
+    if name not in PUBLISHED:
+        return f"{where}: no such model folder (the published models are {', '.join(PUBLISHED)})"
+    option = "" if os.path.normpath(models_dir) == "models" else f" --models_dir {models_dir}"
+    return f"{where}: no such model folder; download it with `python tools/download_model.py {name}{option}`"
 
 
 def load_hparams(model_dir):

@@ -13,7 +13,7 @@ import tensorflow as tf
 import keras
 from tensorflow.compiler.tf2xla.python import xla
 
-from .hparams import default_hparams
+from .hparams import as_hparams, default_hparams
 
 
 def normal(stddev, initialize=True):
@@ -40,6 +40,12 @@ def gelu(x):
     return 0.5 * x * (1 + tf.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3))))
 
 
+def serializable(cls):
+    """Register a layer for `keras.models.load_model`, under the package name tfgpt2."""
+    return keras.saving.register_keras_serializable(package="tfgpt2")(cls)
+
+
+@serializable
 class Norm(keras.layers.Layer):
     """norm: LayerNorm over the last axis, epsilon inside the rsqrt, as written in the original."""
 
@@ -57,6 +63,12 @@ class Norm(keras.layers.Layer):
         x = (x - u) * tf.math.rsqrt(s + self.epsilon)
         return x * self.g + self.b
 
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "n_state": self.n_state, "epsilon": self.epsilon}
+
 
 def split_states(x, n):
     """Reshape the last dimension of x into [n, x.shape[-1]/n]."""
@@ -70,6 +82,7 @@ def merge_states(x):
     return tf.reshape(x, start + [a * b])
 
 
+@serializable
 class Conv1D(keras.layers.Layer):
     """conv1d: a dense layer whose weight keeps the original's [1, nx, nf] shape."""
 
@@ -93,6 +106,12 @@ class Conv1D(keras.layers.Layer):
             # of them. The barrier keeps XLA from rewriting it back into x @ w.
             y = tf.transpose(xla.optimization_barrier(tf.matmul(w_t, x, transpose_b=True))[0]) + self.b
         return tf.reshape(y, start + [self.nf])
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.nf)
+
+    def get_config(self):
+        return {**super().get_config(), "nx": self.nx, "nf": self.nf, "w_init_stdev": self.w_init_stdev}
 
 
 def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
@@ -118,19 +137,28 @@ def write_cache(cache, update, index):
     return xla.dynamic_update_slice(cache, update, tf.stack([0, 0, index, 0]))
 
 
+@serializable
 class Attention(keras.layers.Layer):
     """attn: causal multi-head self-attention returning `present` ([k, v] of the new tokens)."""
 
     def __init__(self, n_state, *, hparams, initialize=True, **kwargs):
         super().__init__(**kwargs)
+        hparams = as_hparams(hparams)
         assert n_state % hparams.n_head == 0
-        self.n_head = hparams.n_head
+        self.n_state, self.hparams, self.n_head = n_state, hparams, hparams.n_head
         self.c_attn = Conv1D(n_state, n_state * 3, initialize=initialize, name="c_attn")
         self.c_proj = Conv1D(n_state, n_state, initialize=initialize, name="c_proj")
 
     def build(self, input_shape=None):
-        self.c_attn.build()
-        self.c_proj.build()
+        self.c_attn.build(input_shape)
+        self.c_proj.build(input_shape)
+
+    def compute_output_shape(self, input_shape):
+        batch, sequence, _ = input_shape
+        return input_shape, (batch, 2, self.n_head, sequence, self.n_state // self.n_head)
+
+    def get_config(self):
+        return {**super().get_config(), "n_state": self.n_state, "hparams": self.hparams.values()}
 
     def split_heads(self, x):
         # From [batch, sequence, features] to [batch, heads, sequence, features]
@@ -174,6 +202,7 @@ def multihead_attn(q, k, v, mask):
     return tf.matmul(w, v)
 
 
+@serializable
 class MLP(keras.layers.Layer):
     """mlp: c_fc to n_state, tanh GELU, c_proj back to nx."""
 
@@ -183,18 +212,26 @@ class MLP(keras.layers.Layer):
         self.c_proj = Conv1D(n_state, nx, initialize=initialize, name="c_proj")
 
     def build(self, input_shape=None):
-        self.c_fc.build()
-        self.c_proj.build()
+        self.c_fc.build(input_shape)
+        self.c_proj.build(input_shape and self.c_fc.compute_output_shape(input_shape))
 
     def call(self, x, w_t=(None, None)):
         return self.c_proj(gelu(self.c_fc(x, w_t=w_t[0])), w_t=w_t[1])
 
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
+    def get_config(self):
+        return {**super().get_config(), "nx": self.c_fc.nx, "n_state": self.c_fc.nf}
+
+
+@serializable
 class Block(keras.layers.Layer):
     """block: pre-norm attention and MLP, each added to the residual stream."""
 
     def __init__(self, *, hparams, initialize=True, **kwargs):
         super().__init__(**kwargs)
+        self.hparams = hparams = as_hparams(hparams)
         nx = hparams.n_embd
         self.ln_1 = Norm(nx, name="ln_1")
         self.attn = Attention(nx, hparams=hparams, initialize=initialize, name="attn")
@@ -203,7 +240,7 @@ class Block(keras.layers.Layer):
 
     def build(self, input_shape=None):
         for layer in (self.ln_1, self.attn, self.ln_2, self.mlp):
-            layer.build()
+            layer.build(input_shape)
 
     def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, w_t=(None,) * 4):
         """`past`, `cache`, `cache_index`: see `Attention.call`. `w_t`: the block's four weights
@@ -214,6 +251,12 @@ class Block(keras.layers.Layer):
         m = self.mlp(self.ln_2(x), w_t=w_t[2:])
         x = x + m
         return x, present
+
+    def compute_output_shape(self, input_shape):
+        return self.attn.compute_output_shape(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "hparams": self.hparams.values()}
 
 
 def past_shape(*, hparams, batch_size=None, sequence=None):
@@ -292,6 +335,7 @@ def check_inputs(X, positions, hparams):
         return tf.identity(X), ok
 
 
+@serializable
 class GPT2(keras.Model):
     """model: token and position embeddings, n_layer blocks, a final norm, and logits from the
     token embedding itself (weight tying), unless `tie_embeddings=False` gives the output
@@ -300,11 +344,14 @@ class GPT2(keras.Model):
     `model(X, past=None)` returns {'logits': [batch, T, n_vocab],
     'present': [batch, n_layer, 2, n_head, T, n_embd // n_head]} as the original does.
     `initialize=False` creates the variables as zeros, for a checkpoint to be loaded into.
+
+    Saved the Keras way (`model.save("x.keras")`), it loads with `keras.models.load_model`
+    wherever `tfgpt2.model` has been imported (which registers it).
     """
 
     def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, name="model", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.hparams = (hparams or default_hparams()).validate()
+        self.hparams = as_hparams(hparams or default_hparams()).validate()
         if self.hparams.n_vocab < 1:
             raise ValueError("hparams.n_vocab must be set (>= 1); read it from hparams.json")
         self.tie_embeddings, self.initialize = tie_embeddings, initialize
@@ -321,11 +368,14 @@ class GPT2(keras.Model):
         self.wte = self.add_weight(name="wte", shape=[hp.n_vocab, hp.n_embd],
                                    initializer=normal(0.02, self.initialize))
         for block in self.h:
-            block.build()
-        self.ln_f.build()
+            block.build((None, None, hp.n_embd))
+        self.ln_f.build((None, None, hp.n_embd))
         self.out_head = None if self.tie_embeddings else self.add_weight(
             name="out_head", shape=[hp.n_vocab, hp.n_embd],
             initializer=normal(0.02, self.initialize))
+
+    def get_config(self):
+        return {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings}
 
     def __call__(self, X, past=None, **kwargs):
         """As Keras's, taking token ids and `past` as lists or arrays too."""

@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 
-from .hparams import PUBLISHED, load_hparams, published_hparams
+from .hparams import PUBLISHED, load_hparams, missing_model, published_hparams
 
 
 def variable_shapes(hparams, *, tie_embeddings=True):
@@ -64,6 +64,8 @@ def main(argv=None):
     if args.model_dir:
         hparams = load_hparams(args.model_dir)
     elif args.models_dir:
+        if not os.path.isdir(os.path.join(args.models_dir, args.model_name)):
+            parser.exit(1, f"error: {missing_model(args.model_name, args.models_dir)}\n")
         hparams = load_hparams(os.path.join(args.models_dir, args.model_name))
     else:
         hparams = published_hparams(args.model_name)
