@@ -67,7 +67,8 @@ def one_line_exit(argv):
                          "so --length can be at most 60"),
     (["--length", "100"], "error: --length 100: the prompt has 4 tokens and the model's n_ctx is 64, "
                           "so --length can be at most 60"),
-    (["--prompt", "word" + " word" * 69], "error: --prompt: the prompt has 70 tokens, more than the model's n_ctx of 64"),
+    (["--prompt", "word" + " word" * 69],
+     "error: --prompt: the prompt has 70 tokens, more than the model's n_ctx of 64"),
     (["--prompt", ""], "error: --prompt: the prompt has no tokens; give at least one"),
 ])
 def test_tool_rejects_a_prompt_that_does_not_fit(tiny_dir, fake_src, args, message):
