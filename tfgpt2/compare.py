@@ -11,7 +11,6 @@ import re
 import time
 
 import numpy as np
-from .sample import sample_sequence
 
 # Correct fp32 implementations differ by 1e-4..2e-4 in logits with std-0.1 weights (issue 2).
 ATOL = 5e-4
@@ -94,6 +93,7 @@ def _timed(fn):
 
 def greedy(model, tokens, length):
     """tfgpt2's greedy continuation: the compiled sampler at top_k=1."""
+    from .sample import sample_sequence  # TensorFlow: not before the tool has checked its flags
     return sample_sequence(model=model, context=tokens, length=length, top_k=1)
 
 
