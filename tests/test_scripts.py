@@ -1,6 +1,9 @@
-"""The sample scripts, each run as `python -m` in a child process on the tiny model (n_ctx 64)."""
+"""The sample scripts on the tiny model (n_ctx 64), run as `python -m` in a child process (their
+main() in this one where they must stop before generating)."""
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,3 +172,16 @@ def test_help_shows_the_printf_example_and_what_seeds_depend_on(capsys):
     words = " ".join(out.split())
     assert "with --seed another batch size gives other samples" in words
     assert "only affects" not in words
+
+
+def test_a_bad_model_folder_is_named_in_one_line(tiny_dir, tmp_path):
+    """hparams.json without n_layer names the key (not the 124M default's missing h2..h11)."""
+    folder = shutil.copytree(tiny_dir, tmp_path / "tiny")
+    hparams = json.loads((folder / "hparams.json").read_text())
+    del hparams["n_layer"]
+    (folder / "hparams.json").write_text(json.dumps(hparams))
+    for script in (generate_unconditional_samples, interactive_conditional_samples):
+        with pytest.raises(SystemExit) as exit:
+            script.main(command(script.__name__, str(folder), "--nsamples", "1", "--length", "2")[3:])
+        assert exit.value.code == f"error: {folder / 'hparams.json'}: missing n_layer; a GPT-2 hparams.json sets " \
+                                  "all of n_vocab, n_ctx, n_embd, n_head, n_layer"
