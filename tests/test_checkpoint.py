@@ -110,6 +110,20 @@ def test_missing_folder_and_files(folder, tmp_path):
         load_model(folder)
 
 
+def test_checkpoint_file_naming_a_missing_prefix(folder, capfd, caplog):
+    """One clean error, without TensorFlow's `ERROR:tensorflow:Couldn't match files` before it."""
+    (folder / "checkpoint").write_text('model_checkpoint_path: "gone.ckpt"\n')
+    with pytest.raises(CheckpointError, match=r"checkpoint: names checkpoint 'gone\.ckpt', which does not exist "
+                                              r"in .*\(no .*gone\.ckpt\.index\)$"):
+        load_model(folder)
+    assert "ERROR" not in capfd.readouterr().err and not caplog.records
+    (folder / "checkpoint").write_text("all_model_checkpoint_paths: \"model.ckpt\"\n")
+    with pytest.raises(CheckpointError, match=r"checkpoint: names no checkpoint \(no model_checkpoint_path"):
+        load_model(folder)
+    (folder / "checkpoint").write_text(f'model_checkpoint_path: "{folder / "model.ckpt"}"\n')  # absolute
+    assert load_model(folder).hparams.n_layer == 2
+
+
 def test_truncated_data_file(folder):
     data = folder / "model.ckpt.data-00000-of-00001"
     with open(data, "r+b") as f:
@@ -148,11 +162,16 @@ def test_hparams_that_disagree_with_checkpoint(folder, change, message):
 
 
 def test_bad_hparams_json(folder):
-    (folder / "hparams.json").write_text('{"n_vocab": 50257, "n_embd": 65}')
+    hparams = json.loads((folder / "hparams.json").read_text())
+    (folder / "hparams.json").write_text(json.dumps(dict(hparams, n_embd=65)))
     with pytest.raises(ValueError, match=r"hparams\.json: .*n_embd \(65\) must be divisible by hparams\.n_head"):
         load_model(folder)
-    (folder / "hparams.json").write_text('{"n_vocab": 50257, "n_embed": 64}')
+    (folder / "hparams.json").write_text(json.dumps(dict(hparams, n_embed=64)))
     with pytest.raises(ValueError, match=r"unknown hparams \['n_embed'\]"):
+        load_model(folder)
+    del hparams["n_layer"]
+    (folder / "hparams.json").write_text(json.dumps(hparams))
+    with pytest.raises(ValueError, match=r"hparams\.json: missing n_layer; "):
         load_model(folder)
     (folder / "hparams.json").write_text('{"n_vocab": 50257,')
     with pytest.raises(ValueError, match=r"hparams\.json: not valid JSON"):

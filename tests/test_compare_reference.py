@@ -45,9 +45,62 @@ def test_tool_exits_1_naming_the_first_layer_that_differs(tiny_dir, capsys, vari
         assert all(line.endswith("yes") for line in out.splitlines() if line.startswith("h0 ")), out
 
 
-def test_tool_rejects_a_prompt_that_does_not_fit(tiny_dir):
-    with pytest.raises(SystemExit, match="n_ctx - length = 3"):
-        main(["--model_dir", tiny_dir, "--reference_src", "unused", "--length", "61"])
+@pytest.fixture
+def fake_src(tmp_path):
+    """A folder that passes the tool's check of --reference_src (it is not run)."""
+    for name in ("model.py", "sample.py"):
+        (tmp_path / name).write_text("")
+    return str(tmp_path)
+
+
+def one_line_exit(argv):
+    """The message the tool exits with, checked to be one line."""
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    message = str(exit.value.code)
+    assert "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--length", "61"], "error: --length 61: the prompt has 4 tokens and the model's n_ctx is 64, "
+                         "so --length can be at most 60"),
+    (["--length", "100"], "error: --length 100: the prompt has 4 tokens and the model's n_ctx is 64, "
+                          "so --length can be at most 60"),
+    (["--prompt", "word" + " word" * 69],
+     "error: --prompt: the prompt has 70 tokens, more than the model's n_ctx of 64"),
+    (["--prompt", ""], "error: --prompt: the prompt has no tokens; give at least one"),
+])
+def test_tool_rejects_a_prompt_that_does_not_fit(tiny_dir, fake_src, args, message):
+    assert one_line_exit(["--model_dir", tiny_dir, "--reference_src", fake_src, *args]) == message
+
+
+def test_tool_names_a_variable_that_does_not_exist(tiny_dir, fake_src):
+    message = one_line_exit(["--model_dir", tiny_dir, "--reference_src", fake_src, "--perturb", "nope"])
+    assert message.startswith("error: --perturb nope: no variable 'nope'; the model has model/ln_f/b, "
+                              "model/ln_f/g, model/wpe, model/wte and model/h{0..1}/{attn/c_attn/b, "), message
+
+
+def test_tool_names_a_wrong_model_dir(tmp_path, fake_src):
+    message = one_line_exit(["--model_dir", str(tmp_path / "nope"), "--reference_src", fake_src])
+    assert message == f"error: --model_dir {tmp_path / 'nope'}: {tmp_path / 'nope'}: no such model folder"
+
+
+@pytest.mark.parametrize("args", [["--reference_src", "/nonexistent/src"], ["--length", "-1"],
+                                  ["--atol", "nan"], ["--hidden_rtol", "-0.1"], ["--length", "2.5"]])
+def test_tool_refuses_bad_flags_in_one_line(tiny_dir, fake_src, capsys, args):
+    argv = ["--model_dir", tiny_dir, "--reference_src", fake_src, *args]
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: argument {args[0]}: " in err and repr(args[1]) in err, err
+
+
+def test_tool_names_a_reference_src_that_is_not_openais(tiny_dir):
+    """tfgpt2/ has a model.py and a sample.py too, but they do not run as the original's."""
+    message = one_line_exit(["--model_dir", tiny_dir, "--reference_src", str(ROOT / "tfgpt2"), "--length", "0"])
+    assert message.startswith(f"error: --reference_src {ROOT / 'tfgpt2'}: OpenAI's code there failed: "), message
 
 
 def test_greedy_is_argmax_of_a_full_recompute(tiny_dir):

@@ -231,8 +231,8 @@ def closed_port():
 ])
 def test_cli_errors_are_one_line(storage, tmp_path, model_name, server, fragments):
     url = storage.url if server == 'up' else f'http://127.0.0.1:{closed_port()}'
-    result = run_cli(model_name, '--models_dir', str(tmp_path), '--base_url', url)
+    result = run_cli(model_name, '--models_dir', str(tmp_path / 'models'), '--base_url', url)
     assert_one_line_error(result, *fragments)
+    assert not (tmp_path / 'models').exists()  # no empty models/<name>/ left behind
     if model_name not in dm.MODEL_NAMES:
         assert storage.requests == []
-        assert not (tmp_path / model_name).exists()

@@ -1,7 +1,9 @@
 """Hyperparameters: defaults as in the original, the published sizes, validation."""
+import json
+
 import pytest
 
-from tfgpt2.hparams import PUBLISHED, default_hparams, published_hparams
+from tfgpt2.hparams import FIELDS, PUBLISHED, default_hparams, load_hparams, published_hparams
 
 
 def test_default_is_124m_shape_with_vocab_unset():
@@ -26,3 +28,27 @@ def test_published_sizes():
 def test_validation_names_the_field(values, message):
     with pytest.raises(ValueError, match=message):
         default_hparams().override_from_dict(values)
+
+
+def write(folder, values):
+    folder.mkdir(exist_ok=True)
+    (folder / "hparams.json").write_text(json.dumps(values))
+    return folder
+
+
+@pytest.mark.parametrize("key", FIELDS)
+def test_hparams_json_must_set_every_field(tmp_path, key):
+    """OpenAI's hparams.json sets all five; a missing one is named, not filled with 124M's."""
+    values = dict(PUBLISHED["124M"])
+    del values[key]
+    with pytest.raises(ValueError, match=rf"hparams\.json: missing {key}; a GPT-2 hparams\.json sets all of "
+                                         r"n_vocab, n_ctx, n_embd, n_head, n_layer$"):
+        load_hparams(write(tmp_path, values))
+
+
+def test_hparams_json_names_a_misspelt_field(tmp_path):
+    values = dict(PUBLISHED["124M"], n_embed=768)
+    del values["n_embd"]
+    with pytest.raises(ValueError, match=r"missing n_embd \(but unknown \['n_embed'\]\)"):
+        load_hparams(write(tmp_path, values))
+    assert load_hparams(write(tmp_path, PUBLISHED["124M"])).values() == PUBLISHED["124M"]

@@ -1,12 +1,18 @@
-"""The sample scripts, each run as `python -m` in a child process on the tiny model (n_ctx 64)."""
+"""The sample scripts on the tiny model (n_ctx 64), run as `python -m` in a child process (their
+main() in this one where they must stop before generating)."""
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from tests.conftest import ROOT
+from tfgpt2 import generate_unconditional_samples, interactive_conditional_samples
 from tfgpt2.checkpoint import load_model
 from tfgpt2.encoder import get_encoder
 from tfgpt2.sample import sample_sequence
@@ -51,14 +57,16 @@ def samples(out):
 
 
 def test_unconditional_numbers_samples_1_to_n_and_repeats_with_a_seed(tiny_dir):
-    args = ["--nsamples", "3", "--batch_size", "2", "--length", "8"]
-    children = [start(UNCONDITIONAL, tiny_dir, *args, "--seed", seed) for seed in ("1", "1", "2")]
-    out, again, other = (finish(child)[0] for child in children)
+    args = ["--nsamples", "3", "--length", "8"]
+    children = [start(UNCONDITIONAL, tiny_dir, *args, "--batch_size", batch_size, "--seed", seed)
+                for batch_size, seed in (("2", "1"), ("2", "1"), ("2", "2"), ("1", "1"))]
+    out, again, other, one_at_a_time = (finish(child)[0] for child in children)
     got = samples(out)
     assert [n for n, _ in got] == [1, 2, 3]
     assert all(text for _, text in got)
     assert len({text for _, text in got}) == 3  # the second batch has its own seed
     assert again == out and other != out
+    assert one_at_a_time != out  # as --batch_size's help says
 
 
 def test_unconditional_greedy_is_the_library_greedy(tiny_dir):
@@ -94,7 +102,7 @@ def test_length_over_the_window_is_refused_as_the_original_does(tiny_dir):
 
 def test_interactive_batch_size_must_divide_nsamples(tiny_dir):
     _, err = run(INTERACTIVE, tiny_dir, "--nsamples", "3", "--batch_size", "2", code=2)
-    assert "--batch_size must divide --nsamples" in err
+    assert err.endswith("error: --batch_size 2 must divide --nsamples 3 (see --help)\n")
 
 
 def test_interactive_reads_one_prompt_per_line_until_end_of_input(tiny_dir):
@@ -105,11 +113,11 @@ def test_interactive_reads_one_prompt_per_line_until_end_of_input(tiny_dir):
     children = [start(INTERACTIVE, tiny_dir, *args, input=lines) for _ in range(2)]
     (out, err), (again, _) = (finish(child) for child in children)
     assert "Model prompt >>>" not in out and "Prompt should not be empty!" in err
-    assert any(line.startswith("error: ") for line in err.splitlines())  # for the long prompt
-    answers = out.split(RULE)
-    assert len(answers) == 5 and answers[-1] == ""
-    hello, hello_again, too_long, end = (samples(answer) for answer in answers[:4])
-    assert too_long == []
+    assert "error: line 4: the prompt has 41 tokens; with --length 32 at most 33 fit in the model's window " \
+           "of 64\n" in err
+    answers = out.split(RULE)  # the long prompt gets no block, not an empty one
+    assert len(answers) == 4 and answers[-1] == ""
+    hello, hello_again, end = (samples(answer) for answer in answers[:3])
     for got in (hello, hello_again, end):
         assert [n for n, _ in got] == [1, 2] and all(text for _, text in got)
     assert hello != hello_again  # each batch of the run has its own seed
@@ -128,3 +136,52 @@ def test_interactive_ctrl_c_ends_it_without_a_traceback(tiny_dir):
         child.send_signal(signal.SIGINT)
         assert child.wait(timeout=30) == -signal.SIGINT
         assert "Traceback" not in child.stderr.read()
+
+
+NONSENSE = [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-1"), ("--top_p", "nan"),
+            ("--top_p", "1.5"), ("--top_k", "-3"), ("--top_k", "2.5"), ("--nsamples", "-1"),
+            ("--batch_size", "0"), ("--length", "0"), ("--length", "ten"), ("--seed", "-1"), ("--seed", "1e3")]
+
+
+@pytest.mark.parametrize("script", [generate_unconditional_samples, interactive_conditional_samples],
+                         ids=["unconditional", "interactive"])
+@pytest.mark.parametrize("flag, value", NONSENSE, ids=[f"{f}={v}" for f, v in NONSENSE])
+def test_nonsense_flags_are_refused_in_one_line(tiny_dir, capsys, script, flag, value):
+    """Before the model is loaded, naming the flag and the value (the last of a flag given twice
+    counts: were it accepted, one short sample would end the run)."""
+    with pytest.raises(SystemExit) as exit:
+        script.main(command(script.__name__, tiny_dir, "--nsamples", "1", "--length", "2", flag, value)[3:])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"python -m {script.__name__}: error: argument {flag}: must be ")
+    assert err.endswith(f", got {value!r} (see --help)\n")
+
+
+def test_interactive_needs_a_sample_per_prompt(tiny_dir, capsys):
+    with pytest.raises(SystemExit):
+        interactive_conditional_samples.main(command(INTERACTIVE, tiny_dir, "--nsamples", "0")[3:])
+    assert "argument --nsamples: must be an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_help_shows_the_printf_example_and_what_seeds_depend_on(capsys):
+    with pytest.raises(SystemExit):
+        interactive_conditional_samples.main(["--help"])
+    out = capsys.readouterr().out
+    assert "    printf 'First prompt\\nSecond prompt\\n' | python -m tfgpt2.interactive_conditional_samples\n" in out
+    words = " ".join(out.split())
+    assert "with --seed another batch size gives other samples" in words
+    assert "only affects" not in words
+
+
+def test_a_bad_model_folder_is_named_in_one_line(tiny_dir, tmp_path):
+    """hparams.json without n_layer names the key (not the 124M default's missing h2..h11)."""
+    folder = shutil.copytree(tiny_dir, tmp_path / "tiny")
+    hparams = json.loads((folder / "hparams.json").read_text())
+    del hparams["n_layer"]
+    (folder / "hparams.json").write_text(json.dumps(hparams))
+    for script in (generate_unconditional_samples, interactive_conditional_samples):
+        with pytest.raises(SystemExit) as exit:
+            script.main(command(script.__name__, str(folder), "--nsamples", "1", "--length", "2")[3:])
+        assert exit.value.code == f"error: {folder / 'hparams.json'}: missing n_layer; a GPT-2 hparams.json sets " \
+                                  "all of n_vocab, n_ctx, n_embd, n_head, n_layer"

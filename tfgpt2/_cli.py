@@ -1,6 +1,7 @@
 """What the two sample scripts share: their flags, loading, sampling one batch, printing a
 sample, and ending without a traceback."""
 import argparse
+import math
 import os
 import signal
 import sys
@@ -13,22 +14,33 @@ from .hparams import load_hparams, missing_model
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notices, before it is imported
 
 
-def parser(module, description, *, nsamples, nsamples_help, length_help):
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (naming the flag and the value) instead of
+    the usage text before it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parser(module, description, *, nsamples, nsamples_min, nsamples_help, length_help):
     """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot."""
-    p = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=f"python -m {module}", description=description,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name", default="124M", help="which model: the folder <models_dir>/<model_name>")
-    p.add_argument("--seed", type=int, help="fix it to reproduce the samples (default: random)")
-    p.add_argument("--nsamples", type=int, default=nsamples, help=nsamples_help)
-    p.add_argument("--batch_size", type=positive, default=1,
-                   help="samples generated at once (only affects speed and memory)")
-    p.add_argument("--length", type=int, help=length_help)
-    p.add_argument("--temperature", type=float, default=1.0,
+    p.add_argument("--seed", type=ranged(int, 0, 2**32 - 1),
+                   help="fix it to reproduce the samples (default: random); they depend on --batch_size "
+                        "too, so keep it the same")
+    p.add_argument("--nsamples", type=ranged(int, nsamples_min), default=nsamples, help=nsamples_help)
+    p.add_argument("--batch_size", type=ranged(int, 1), default=1,
+                   help="samples generated at once: more is faster per sample and takes more memory; "
+                        "with --seed another batch size gives other samples (default 1)")
+    p.add_argument("--length", type=ranged(int, 1), help=length_help)
+    p.add_argument("--temperature", type=ranged(float, 0), default=1.0,
                    help="lower is less random, 0 is greedy, higher more random (default 1)")
-    p.add_argument("--top_k", type=int, default=0,
+    p.add_argument("--top_k", type=ranged(int, 0), default=0,
                    help="sample from the k most likely tokens at each step; 0 (default) means no limit, "
                         "40 is a good value")
-    p.add_argument("--top_p", type=float, default=1.0,
+    p.add_argument("--top_p", type=ranged(float, 0, 1), default=1.0,
                    help="nucleus sampling: from the most likely tokens whose probabilities add up to p; "
                         "1 (default) means no limit")
     p.add_argument("--models_dir", default="models", help="the folder holding the <model_name> folders")
@@ -36,11 +48,19 @@ def parser(module, description, *, nsamples, nsamples_help, length_help):
     return p
 
 
-def positive(text):
-    """An argparse type: an integer of at least 1."""
-    if int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return int(text)
+def ranged(kind, low, high=None):
+    """An argparse type: a finite `kind` (int or float) from `low` to `high` (no limit if None)."""
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < low or (high is not None and value > high):
+            what = "an integer" if kind is int else "a number"
+            bounds = f">= {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text!r}")
+        return value
+    return convert
 
 
 def load(args, default_length):

@@ -7,6 +7,7 @@ never holds a second full copy of the weights.
 """
 import glob
 import os
+import re
 import shutil
 import tempfile
 
@@ -23,19 +24,29 @@ class CheckpointError(ValueError):
 
 def checkpoint_prefix(path):
     """The checkpoint prefix for a model folder (via its `checkpoint` file) or a prefix itself."""
-    if os.path.isdir(path):
-        state_file = os.path.join(path, "checkpoint")
-        if not os.path.isfile(state_file):
-            raise FileNotFoundError(f"{state_file}: no such file; {path!r} holds no TensorFlow checkpoint")
-        prefix = tf.train.latest_checkpoint(path)
-        if prefix is None:
-            raise CheckpointError(f"{state_file}: names no checkpoint that exists in {path!r}")
-    else:
-        prefix = path
+    prefix = _named_prefix(path) if os.path.isdir(path) else path
     if not os.path.isfile(prefix + ".index"):
         raise FileNotFoundError(f"{prefix}.index: no such file (checkpoint prefix {prefix!r})")
     if not glob.glob(glob.escape(prefix) + ".data-*-of-*"):
         raise FileNotFoundError(f"{prefix}.data-00000-of-00001: no such file (checkpoint prefix {prefix!r})")
+    return prefix
+
+
+def _named_prefix(folder):
+    """The prefix that `<folder>/checkpoint` names, relative to the folder unless absolute (what
+    `tf.train.latest_checkpoint` reads, without the log line it prints when that is missing)."""
+    state_file = os.path.join(folder, "checkpoint")
+    if not os.path.isfile(state_file):
+        raise FileNotFoundError(f"{state_file}: no such file; {folder!r} holds no TensorFlow checkpoint")
+    with open(state_file, encoding="utf-8", errors="replace") as f:
+        match = re.search(r'^\s*model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"', f.read(), re.M)
+    if match is None:
+        raise CheckpointError(f"{state_file}: names no checkpoint (no model_checkpoint_path line)")
+    name = re.sub(r"\\(.)", r"\1", match.group(1))
+    prefix = os.path.join(folder, name)
+    if not os.path.isfile(prefix + ".index"):
+        raise CheckpointError(f"{state_file}: names checkpoint {name!r}, which does not exist in {folder!r} "
+                              f"(no {prefix}.index)")
     return prefix
 
 

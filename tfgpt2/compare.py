@@ -7,10 +7,10 @@ Shared by `tools/compare_reference.py` and `notebooks/compare_with_reference.ipy
 which blows up wherever the reference is near zero.
 """
 import dataclasses
+import re
 import time
 
 import numpy as np
-from .sample import sample_sequence
 
 # Correct fp32 implementations differ by 1e-4..2e-4 in logits with std-0.1 weights (issue 2).
 ATOL = 5e-4
@@ -93,6 +93,7 @@ def _timed(fn):
 
 def greedy(model, tokens, length):
     """tfgpt2's greedy continuation: the compiled sampler at top_k=1."""
+    from .sample import sample_sequence  # TensorFlow: not before the tool has checked its flags
     return sample_sequence(model=model, context=tokens, length=length, top_k=1)
 
 
@@ -128,10 +129,17 @@ def perturb(model, name, delta=1.0):
     (a self-check: the comparison must then fail and name that variable's layer)."""
     variables = {v.path: v for v in model.weights}
     if name not in variables:
-        raise KeyError(f"no variable {name!r}; the model has {', '.join(sorted(variables))}")
+        raise ValueError(f"no variable {name!r}; the model has {_names(variables, model.hparams.n_layer)}")
     value = variables[name].numpy()
     value.flat[0] += delta
     variables[name].assign(value)
+
+
+def _names(variables, n_layer):
+    """The variable names in short: the blocks' once, as model/h{0..n-1}/{...}."""
+    block = sorted(name.split("/", 2)[2] for name in variables if name.startswith("model/h0/"))
+    rest = sorted(name for name in variables if not re.match(r"model/h\d+/", name))
+    return f"{', '.join(rest)} and model/h{{0..{n_layer - 1}}}/{{{', '.join(block)}}}"
 
 
 def table(comparison):

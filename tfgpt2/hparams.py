@@ -79,7 +79,8 @@ def missing_model(model, models_dir="models"):
 
 
 def load_hparams(model_dir):
-    """Read `<model_dir>/hparams.json` over `default_hparams()`."""
+    """Read `<model_dir>/hparams.json`, which must set all five fields, as OpenAI's do: a
+    missing one is an error, not the 124M default (the original would fill it in)."""
     path = os.path.join(model_dir, "hparams.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file (is {model_dir!r} a GPT-2 model folder?)")
@@ -90,6 +91,11 @@ def load_hparams(model_dir):
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
+    missing = [key for key in FIELDS if key not in values]
+    if missing:
+        unknown = sorted(set(values) - set(FIELDS))
+        raise ValueError(f"{path}: missing {', '.join(missing)}" + (f" (but unknown {unknown})" if unknown else "")
+                         + f"; a GPT-2 hparams.json sets all of {', '.join(FIELDS)}")
     try:
         return default_hparams().override_from_dict(values)
     except ValueError as e:

@@ -17,46 +17,75 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tfgpt2 import compare  # noqa: E402
+from tfgpt2._cli import Parser, ranged  # noqa: E402
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="a model folder (hparams.json, checkpoint, vocabulary)")
-    parser.add_argument("--reference_src", required=True, help="src/ of a clone of OpenAI's gpt-2 repository")
+    parser.add_argument("--reference_src", required=True, type=reference_src,
+                        help="src/ of a clone of OpenAI's gpt-2 repository")
     parser.add_argument("--prompt", default="Every effort moves you")
-    parser.add_argument("--length", type=int, default=20, help="tokens of greedy continuation (0: none)")
-    parser.add_argument("--atol", type=float, default=compare.ATOL,
+    parser.add_argument("--length", type=ranged(int, 0), default=20, help="tokens of greedy continuation (0: none)")
+    parser.add_argument("--atol", type=ranged(float, 0), default=compare.ATOL,
                         help="bound on max abs difference of logits and present (default %(default)s)")
-    parser.add_argument("--hidden_rtol", type=float, default=compare.HIDDEN_RTOL,
+    parser.add_argument("--hidden_rtol", type=ranged(float, 0), default=compare.HIDDEN_RTOL,
                         help="bound on max rel difference of each block's output (default %(default)s)")
     parser.add_argument("--perturb", metavar="VARIABLE",
                         help="self-check: add 1 to the first element of this tfgpt2 variable in memory "
                              "(e.g. model/h1/mlp/c_proj/w); the tool must then exit 1 and name its layer")
-    args = parser.parse_args(argv)
-    if args.length < 0:
-        parser.error("--length must be >= 0")
-    return args
+    return parser.parse_args(argv)
+
+
+def reference_src(path):
+    """An argparse type: a folder with the original model.py and sample.py."""
+    missing = [f for f in ("model.py", "sample.py") if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{path!r} has no {' or '.join(missing)}; expected the src/ folder "
+                                         "of a clone of OpenAI's gpt-2 repository")
+    return path
+
+
+def fits(tokens, length, n_ctx):
+    """Why the prompt and --length do not fit in n_ctx, or None."""
+    if tokens == 0:
+        return "--prompt: the prompt has no tokens; give at least one"
+    if tokens > n_ctx:
+        return f"--prompt: the prompt has {tokens} tokens, more than the model's n_ctx of {n_ctx}"
+    if tokens + length > n_ctx:
+        return (f"--length {length}: the prompt has {tokens} tokens and the model's n_ctx is {n_ctx}, "
+                f"so --length can be at most {n_ctx - tokens}")
+    return None
 
 
 def main(argv=None):
     args = parse_args(argv)
     from tfgpt2.checkpoint import load_model
     from tfgpt2.encoder import get_encoder
-    from tfgpt2.reference import Reference
+    from tfgpt2.reference import Reference, ReferenceError
 
     model_dir = os.path.normpath(args.model_dir)
-    encoder = get_encoder(os.path.basename(model_dir), os.path.dirname(model_dir))
+    try:
+        encoder = get_encoder(os.path.basename(model_dir), os.path.dirname(model_dir))
+        model = load_model(model_dir)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: --model_dir {args.model_dir}: {e}")
     tokens = np.array([encoder.encode(args.prompt)], np.int32)
-    model = load_model(model_dir)
-    n_ctx = model.hparams.n_ctx
-    if not 0 < tokens.shape[1] <= n_ctx - args.length:
-        sys.exit(f"error: the prompt has {tokens.shape[1]} tokens; it needs 1 to n_ctx - length = "
-                 f"{n_ctx - args.length}")
+    problem = fits(tokens.shape[1], args.length, model.hparams.n_ctx)
+    if problem:
+        sys.exit(f"error: {problem}")
     if args.perturb:
-        compare.perturb(model, args.perturb)
-    with Reference(args.reference_src, model_dir) as ref:
-        comparison = compare.compare(model, ref, tokens, length=args.length,
-                                     atol=args.atol, hidden_rtol=args.hidden_rtol)
+        try:
+            compare.perturb(model, args.perturb)
+        except ValueError as e:
+            sys.exit(f"error: --perturb {args.perturb}: {e}")
+    try:
+        with Reference(args.reference_src, model_dir) as ref:
+            comparison = compare.compare(model, ref, tokens, length=args.length,
+                                         atol=args.atol, hidden_rtol=args.hidden_rtol)
+    except ReferenceError as e:
+        sys.exit(f"error: --reference_src {args.reference_src}: OpenAI's code there failed: "
+                 f"{str(e).splitlines()[0]}")
     print(f"tfgpt2 vs OpenAI's original ({args.reference_src}) on {model_dir}, "
           f"{tokens.shape[1]} prompt tokens" + (f", {args.perturb} perturbed" if args.perturb else ""))
     print(compare.report(comparison, encoder.decode))

@@ -37,10 +37,10 @@ class Unreachable(DownloadError):
 
 
 def download_model(model_name, models_dir='models', base_url=BASE_URL):
-    """Fetch every file of `model_name` into models_dir/model_name; returns that folder."""
+    """Fetch every file of `model_name` into models_dir/model_name; returns that folder (made
+    when the first file arrives)."""
     check_model_name(model_name)
     folder = os.path.join(models_dir, model_name)
-    os.makedirs(folder, exist_ok=True)
     with requests.Session() as session:
         for filename in FILENAMES:
             url = f"{base_url.rstrip('/')}/models/{model_name}/{filename}"
@@ -93,6 +93,7 @@ def _fetch(session, url, part, done, size):
         if length != size - done:
             raise DownloadError(f'{url}: Content-Length is {length} bytes, but HEAD said '
                                 f'{size - done} were left; did the file change? rerun')
+        os.makedirs(os.path.dirname(part), exist_ok=True)  # not before: a failed request leaves no folder
         with open(part, 'ab' if done else 'wb') as f, tqdm(
                 desc='Fetching ' + url.rsplit('/', 1)[-1], total=size, initial=done,
                 ncols=100, unit='B', unit_scale=True, unit_divisor=1024) as pbar:
