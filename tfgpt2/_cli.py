@@ -13,13 +13,15 @@ from .hparams import load_hparams
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notices, before it is imported
 
 
-def parser(module, description, *, nsamples, nsamples_help, length_help):
-    """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot."""
+def parser(module, description, *, nsamples=None, nsamples_help=None, length_help):
+    """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot;
+    --nsamples only where `nsamples` has a default."""
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name", default="124M", help="which model: the folder <models_dir>/<model_name>")
     p.add_argument("--seed", type=int, help="fix it to reproduce the samples (default: random)")
-    p.add_argument("--nsamples", type=int, default=nsamples, help=nsamples_help)
+    if nsamples is not None:
+        p.add_argument("--nsamples", type=int, default=nsamples, help=nsamples_help)
     p.add_argument("--batch_size", type=positive, default=1,
                    help="samples generated at once (only affects speed and memory)")
     p.add_argument("--length", type=int, help=length_help)
