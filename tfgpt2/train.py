@@ -232,12 +232,11 @@ def restore_optimizer(optimizer, run_dir, step):
     return True
 
 
-def start_run(args, strategy):
-    """The model (built in `strategy`'s scope) and the step it has reached, from the run folder
-    (--restore_from latest), the base model (fresh, or latest in a new run) or a path.
-    Writes hparams.json, encoder.json and vocab.bpe into a new run folder."""
+def find_start(args):
+    """Where the run starts: (run folder, folder of the weights, checkpoint prefix or None,
+    step, hparams), from the run folder (--restore_from latest), the base model (fresh, or
+    latest in a new run) or a path. Checks only; nothing is loaded or written."""
     run_dir = os.path.join(args.checkpoint_dir, args.run_name)
-    base = os.path.join(args.models_dir, args.model_name)
     has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoint"))
     if args.restore_from == "latest" and has_checkpoint:
         source, prefix = run_dir, checkpoint_prefix(run_dir)
@@ -246,9 +245,9 @@ def start_run(args, strategy):
         if has_checkpoint:
             raise ValueError(f"{run_dir} already holds checkpoints (up to step {max(checkpoint_steps(run_dir))}); "
                              "continue it with --restore_from latest, or choose another --run_name")
-        source, prefix, step = base, None, 0
+        source, prefix, step = os.path.join(args.models_dir, args.model_name), None, 0
     else:
-        if not os.path.exists(args.restore_from) and not os.path.isfile(args.restore_from + ".index"):
+        if not os.path.isdir(args.restore_from) and not os.path.isfile(args.restore_from + ".index"):
             raise FileNotFoundError(f"--restore_from {args.restore_from}: no such folder or checkpoint prefix")
         source = args.restore_from if os.path.isdir(args.restore_from) else os.path.dirname(args.restore_from)
         prefix, step = checkpoint_prefix(args.restore_from), 0
@@ -256,16 +255,18 @@ def start_run(args, strategy):
     if os.path.isfile(os.path.join(run_dir, "hparams.json")) and load_hparams(run_dir) != hparams:
         raise ValueError(f"{run_dir}/hparams.json is {load_hparams(run_dir).values()}, but the model to "
                          f"start from ({source}) has {hparams.values()}")
-    with strategy.scope():
-        model = load_model(source, checkpoint=prefix)
+    return run_dir, source, prefix, step, hparams
+
+
+def write_run_files(run_dir, hparams, vocab_dir):
+    """hparams.json, and encoder.json and vocab.bpe from `vocab_dir` where it has them."""
     os.makedirs(run_dir, exist_ok=True)
     save_hparams(hparams, run_dir)
     for name in ("encoder.json", "vocab.bpe"):
-        src = os.path.join(base, name)
-        if os.path.isfile(src) and not os.path.isfile(os.path.join(run_dir, name)):
-            shutil.copyfile(src, os.path.join(run_dir, name) + ".tmp")
-            os.replace(os.path.join(run_dir, name) + ".tmp", os.path.join(run_dir, name))
-    return model, run_dir, step
+        src, dst = os.path.join(vocab_dir, name), os.path.join(run_dir, name)
+        if os.path.isfile(src) and not os.path.isfile(dst):
+            shutil.copyfile(src, dst + ".tmp")
+            os.replace(dst + ".tmp", dst)
 
 
 # ---- the loop ---------------------------------------------------------------------------
@@ -299,13 +300,15 @@ def _check_ids(chunks, n_vocab, name):
 def train(args, strategy=None):
     """Fine-tune as the flags say; returns the list of (step, loss) of this run's updates."""
     strategy = strategy or tf.distribute.get_strategy()
-    model, run_dir, step = start_run(args, strategy)
-    hp = model.hparams
+    run_dir, source, prefix, step, hp = find_start(args)
     args.sample_length = args.sample_length or hp.n_ctx - 1
     if args.sample_length > hp.n_ctx:
         raise ValueError(f"--sample_length {args.sample_length} exceeds the model's context n_ctx={hp.n_ctx}")
     enc = get_encoder(args.model_name, args.models_dir)
     windows, val_batches = load_data(args, enc, hp)
+    with strategy.scope():
+        model = load_model(source, checkpoint=prefix)
+    write_run_files(run_dir, hp, os.path.join(args.models_dir, args.model_name))
     variables = trained_variables(model, args.only_train_transformer_layers)
     with strategy.scope():
         optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
