@@ -32,7 +32,7 @@ import keras  # noqa: E402
 from tensorflow.core.framework import summary_pb2  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from . import data  # noqa: E402
+from . import data, distribute  # noqa: E402
 from .checkpoint import checkpoint_prefix, load_model  # noqa: E402
 from .encoder import get_encoder  # noqa: E402
 from .hparams import load_hparams, save_hparams  # noqa: E402
@@ -74,8 +74,9 @@ class Trainer:
         self.variables = list(variables if variables is not None else model.trainable_variables)
         with self.strategy.scope():
             optimizer.build(self.variables)
-        replica_step = tf.function(self._replica_step, jit_compile=True)
-        replica_loss = tf.function(lambda tokens: window_loss(self.model, tokens), jit_compile=True)
+        jit = distribute.can_jit(self.strategy)
+        replica_step = tf.function(self._replica_step, jit_compile=jit)
+        replica_loss = tf.function(lambda tokens: window_loss(self.model, tokens), jit_compile=jit)
         self._step = tf.function(lambda batch: self._mean(replica_step, batch))
         self._loss = tf.function(lambda batch: self._mean(replica_loss, batch))
 
@@ -100,7 +101,8 @@ class Trainer:
         return loss
 
     def distribute(self, dataset):
-        return self.strategy.experimental_distribute_dataset(dataset)
+        """Each replica's share of every global batch of `dataset`."""
+        return distribute.shard(self.strategy, dataset)
 
     def step(self, batch):
         """One update; returns the mean loss over the batch."""
@@ -300,6 +302,8 @@ def _check_ids(chunks, n_vocab, name):
 def train(args, strategy=None):
     """Fine-tune as the flags say; returns the list of (step, loss) of this run's updates."""
     strategy = strategy or tf.distribute.get_strategy()
+    distribute.check_batch(args.batch_size, strategy)
+    chief = distribute.is_chief(strategy)  # the one process that writes the run folder
     run_dir, source, prefix, step, hp = find_start(args)
     args.sample_length = args.sample_length or hp.n_ctx - 1
     if args.sample_length > hp.n_ctx:
@@ -308,7 +312,8 @@ def train(args, strategy=None):
     windows, val_batches = load_data(args, enc, hp)
     with strategy.scope():
         model = load_model(source, checkpoint=prefix)
-    write_run_files(run_dir, hp, os.path.join(args.models_dir, args.model_name))
+    if chief:
+        write_run_files(run_dir, hp, os.path.join(args.models_dir, args.model_name))
     variables = trained_variables(model, args.only_train_transformer_layers)
     with strategy.scope():
         optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
@@ -321,15 +326,17 @@ def train(args, strategy=None):
         tqdm.write(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh")
     optimizer.iterations.assign(step)
 
-    per_step = args.batch_size * args.accumulate_gradients * strategy.num_replicas_in_sync
+    per_step = args.batch_size * args.accumulate_gradients  # in all, split over the replicas
     dataset = data.training_dataset(windows, batch_size=per_step, seed=args.seed, start_step=step, steps=args.steps)
     best = _read_best(run_dir)
-    writer = tf.summary.create_file_writer(run_dir)
+    writer = tf.summary.create_file_writer(run_dir) if chief else tf.summary.create_noop_writer()
     history, avg = [], [0.0, 0.0]
     bar = tqdm(initial=step, total=args.steps if args.steps > 0 else None, unit="step",
                disable=not sys.stderr.isatty())
 
     def save():
+        if not chief:
+            return
         keep = {best["step"]} if best else set()
         with _no_interrupts():
             save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints, keep=keep)
@@ -362,11 +369,12 @@ def train(args, strategy=None):
                     best = {"step": step, "val_loss": val_loss}
                     save()
                     saved = step
-                    _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
+                    if chief:
+                        _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
             if args.save_every > 0 and step % args.save_every == 0 and saved != step:
                 save()
                 saved = step
-            if args.sample_every > 0 and step % args.sample_every == 0:
+            if args.sample_every > 0 and step % args.sample_every == 0 and chief:
                 write_samples(model, enc, args, run_dir, step)
     except KeyboardInterrupt:
         tqdm.write("interrupted")
@@ -416,7 +424,7 @@ def write_samples(model, enc, args, run_dir, step):
 
 def _current_lr(optimizer):
     lr = optimizer.learning_rate
-    return lr(optimizer.iterations) if callable(lr) else lr
+    return lr(optimizer.iterations) if callable(lr) else tf.convert_to_tensor(lr)  # also a MirroredVariable
 
 
 def _log(writer, step, **scalars):
@@ -458,7 +466,10 @@ def parser():
     a("--combine", type=_type(int, 1), default=50000,
       help="join text files with <|endoftext|> until at least this many characters per chunk")
     a("--encoding", default="utf-8", help="the text files' encoding")
-    a("--batch_size", type=_type(int, 1), default=1, help="windows per micro-batch (per replica)")
+    a("--batch_size", type=_type(int, 1), default=1, help="windows per micro-batch in all, split over the replicas of --strategy")
+    a("--strategy", choices=distribute.STRATEGIES, default="auto",
+      help="auto: several GPUs -> mirrored, TF_CONFIG -> multiworker, else one (see tfgpt2/distribute.py)")
+    a("--tpu", help="with --strategy tpu: the TPU's name or grpc:// address (empty on a TPU VM)")
     a("--learning_rate", type=_type(float, 0), default=2e-5)
     a("--optimizer", choices=OPTIMIZERS, default="adam")
     a("--accumulate_gradients", type=_type(int, 1), default=1,
@@ -506,9 +517,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        train(args)
+        train(args, distribute.make_strategy(args.strategy, args.tpu))
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
+    except tf.errors.OpError as e:  # a worker that died, memory, ...
+        run_dir = os.path.join(args.checkpoint_dir, args.run_name)
+        sys.exit(distribute.failure(e, run_dir, checkpoint_steps(run_dir)))
     except KeyboardInterrupt:
         sys.exit(130)
 
