@@ -11,6 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
+from tfgpt2.compare import ATOL  # noqa: E402,F401  the one tolerance against the reference
 from tfgpt2.hparams import default_hparams, published_hparams  # noqa: E402
 from tools.make_checkpoint import make_checkpoint  # noqa: E402
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import require_reference
+from tests.conftest import ATOL, require_reference
 from tfgpt2.checkpoint import load_model
 from tfgpt2.export import checkpoint_bytes, export_saved_model, folder_bytes
 from tfgpt2.reference import Reference
@@ -22,21 +22,23 @@ from tfgpt2.sample import generate
 from tools.export_saved_model import main as export_main
 
 SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-ATOL = 5e-4
 
 CHILD = """
-import pickle, sys
+import pickle, resource, sys, time
 import tensorflow as tf
 requests, results = sys.argv[1:]
-loaded, answers = {}, {}
+loaded, answers, costs = {}, {}, {}
 for name, (saved_model, signature, inputs) in pickle.load(open(requests, "rb")).items():
     if saved_model not in loaded:
         loaded[saved_model] = tf.saved_model.load(saved_model)
+    start, peak = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         outputs = loaded[saved_model].signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
         answers[name] = {k: v.numpy() for k, v in outputs.items()}
     except Exception as e:
         answers[name] = f"{type(e).__name__}: {e}"
+    costs[name] = (time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak)
+answers["costs"] = costs
 answers["tfgpt2 modules"] = [m for m in sys.modules if m.split(".")[0] == "tfgpt2"]
 pickle.dump(answers, open(results, "wb"))
 """
@@ -132,6 +134,12 @@ REQUESTS = {
     "ids rank 1": bad(input_ids=GOOD[0], attention_mask=np.int32([1, 1, 1])),
     "ids int64": bad(input_ids=GOOD.astype(np.int64)),
     "top_p float64": bad(top_p=np.float64(1)),
+    "max_new_tokens 2**31-1": gen([[10, 20]], 2, 2**31 - 1),
+    "max_new_tokens 2**31-2": gen([[10, 20, 30]], 3, 2**31 - 2),
+    "max_new_tokens -5": bad(max_new_tokens=np.int32(-5)),
+    "temperature nan": bad(temperature=np.float32("nan")),
+    "temperature nan per row": ("generate", dict(gen(EQUAL, 6, 5)[1], temperature=np.float32([np.nan] * 3))),
+    "top_p nan": bad(top_p=np.float32("nan")),
 }
 
 
@@ -250,27 +258,40 @@ def test_greedy_matches_the_reference(answers, tiny_dir):
             np.testing.assert_array_equal(answers["greedy"]["output_ids"][row], theirs[0], err_msg=f"row {row}")
 
 
+def test_overflowing_requests_are_refused_at_once(answers):
+    """max_new_tokens near 2**31 once overflowed the length check and ran until killed."""
+    for name in ("max_new_tokens 2**31-1", "max_new_tokens 2**31-2"):
+        seconds, growth_kb = answers["costs"][name]
+        assert seconds < 5 and growth_kb < 100_000, f"{name}: {seconds:.1f} s, +{growth_kb / 1e3:.0f} MB"
+
+
 @pytest.mark.parametrize("name, message", [
-    ("logits id out of range", "token ids must be < n_vocab=50257"),
+    ("logits id out of range", "token ids must be in [0, n_vocab=50257)"),
     ("logits beyond n_ctx", "exceeds the context window n_ctx=64"),
     ("logits rank 1", "is not compatible with expected shape [?,?]"),
     ("logits rank 3", "is not compatible with expected shape [?,?]"),
     ("logits int64", "expected to be a int32 tensor but is a int64 tensor"),
-    ("id out of range", "token ids must be < n_vocab=50257"),
-    ("negative id", "token ids must be >= 0"),
-    ("beyond n_ctx", "prompt tokens + max_new_tokens - 1 must be <= n_ctx=64"),
-    ("max_new_tokens 0", "max_new_tokens must be >= 1"),
+    ("id out of range", "token ids must be in [0, n_vocab=50257)] [50257]"),
+    ("negative id", "token ids must be in [0, n_vocab=50257)] [-5 -6 -7]"),
+    ("beyond n_ctx", "prompt tokens + length (max_new_tokens) - 1 must be <= n_ctx=64"),
+    ("max_new_tokens 0", "length (max_new_tokens) must be >= 1"),
     ("top_k -1", "top_k must be >= 0"),
     ("top_p 1.5", "top_p must be in [0, 1]"),
-    ("temperature -1", "temperature must be >= 0"),
+    ("temperature -1", "temperature must be a finite number >= 0"),
     ("right padding", "attention_mask must be left padding"),
     ("mask of 2", "attention_mask must hold only 0 and 1"),
-    ("empty row", "every row needs at least one token"),
+    ("empty row", "every prompt needs at least one token"),
     ("mask shape", "attention_mask must have the shape of input_ids"),
     ("rows disagree", "max_new_tokens must be the same for every row"),
     ("ids rank 1", "is not compatible with expected shape [?,?]"),
     ("ids int64", "expected to be a int32 tensor but is a int64 tensor"),
     ("top_p float64", "expected to be a float tensor but is a double tensor"),
+    ("max_new_tokens 2**31-1", "must be <= n_ctx=64"),
+    ("max_new_tokens 2**31-2", "must be <= n_ctx=64"),
+    ("max_new_tokens -5", "length (max_new_tokens) must be >= 1"),
+    ("temperature nan", "temperature must be a finite number >= 0"),
+    ("temperature nan per row", "temperature must be a finite number >= 0"),
+    ("top_p nan", "top_p must be in [0, 1]"),
 ])
 def test_bad_requests_fail_with_a_message(answers, name, message):
     answer = answers[name]
@@ -302,3 +323,87 @@ def test_124m_one_copy_of_wte_and_logits(gpt2_124m_dir, tmp_path):
     (answer,) = serve({"logits": (exported, "serving_default", dict(input_ids=tokens))}, tmp_path).values()
     expected = load_model(gpt2_124m_dir)(tokens)["logits"].numpy()
     assert np.abs(answer["logits"] - expected).max() <= ATOL
+
+
+FUZZ = """
+import resource, sys
+import numpy as np
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+saved_model, n_vocab, n_ctx, examples = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+generate = tf.saved_model.load(saved_model).signatures["generate"]
+DTYPES = dict(input_ids=np.int32, attention_mask=np.int32, max_new_tokens=np.int32, temperature=np.float32,
+              top_k=np.int32, top_p=np.float32, seed=np.int64)
+INTS = [-2**31, -5, 0, 1, 3, 8, n_ctx, 2**31 - 2, 2**31 - 1]
+FLOATS = [float("nan"), float("inf"), -float("inf"), -1.0, 0.0, 0.5, 1.0, 1.5, 1e30]
+NAMES = {"input_ids": ["token ids", "input_ids"], "attention_mask": ["attention_mask", "prompt"],
+         "max_new_tokens": ["max_new_tokens"], "temperature": ["temperature"], "top_k": ["top_k"],
+         "top_p": ["top_p"], "seed": ["seed"]}
+
+
+@st.composite
+def requests(draw):
+    batch, width = draw(st.integers(1, 3)), draw(st.integers(1, 5))
+    ids = draw(st.lists(st.sampled_from([0, 1, 7, n_vocab - 1, n_vocab, -1, 2**31 - 1]), min_size=batch * width,
+                        max_size=batch * width))
+    real = draw(st.lists(st.integers(0, width), min_size=batch, max_size=batch))
+    mask = np.array([[0] * (width - r) + [1] * r for r in real], np.int32)
+    if draw(st.booleans()):
+        mask = np.array(draw(st.lists(st.sampled_from([0, 1, 2, -1]), min_size=batch * width,
+                                      max_size=batch * width)), np.int32).reshape(batch, width)
+    req = dict(input_ids=np.array(ids, np.int64).astype(np.int32).reshape(batch, width), attention_mask=mask,
+               max_new_tokens=draw(st.sampled_from([1, 3, 8] * 3 + INTS)),
+               temperature=draw(st.sampled_from([0.0, 1.0, 0.7] * 3 + FLOATS)),
+               top_k=draw(st.sampled_from([0, 1, 40] * 3 + INTS)),
+               top_p=draw(st.sampled_from([1.0, 0.9] * 3 + FLOATS)), seed=draw(st.sampled_from([0, 7, -1, 2**62])))
+    req = {k: np.asarray(v, DTYPES[k]) for k, v in req.items()}
+    changed = None
+    if draw(st.integers(0, 9)) == 0:  # a wrong dtype or rank for one field
+        changed = draw(st.sampled_from(sorted(req)))
+        req[changed] = draw(st.sampled_from([req[changed].astype(np.float64), req[changed][None], np.array([])]))
+    for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed"):  # one value per row, maybe unequal
+        if req[name].ndim == 0 and draw(st.integers(0, 4)) == 0:
+            req[name] = np.repeat(req[name], batch) if draw(st.booleans()) else np.arange(batch).astype(req[name].dtype)
+    return req, changed
+
+
+outcomes = {"ok": 0, "refused": 0}
+
+
+@settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(requests())
+def check(request):
+    req, changed = request
+    try:
+        out = generate(**{k: tf.constant(v) for k, v in req.items()})
+    except (tf.errors.InvalidArgumentError, TypeError, ValueError) as e:
+        message = str(e)
+        named = any(word in message for words in NAMES.values() for word in words)
+        assert named or (changed and ("expected to be a" in message or "is not compatible" in message)), message[:800]
+        outcomes["refused"] += 1
+        return
+    ids, lengths = out["output_ids"].numpy(), out["lengths"].numpy()
+    new = int(np.reshape(req["max_new_tokens"], [-1])[0])
+    assert ids.shape == (req["input_ids"].shape[0], req["input_ids"].shape[1] + new)
+    assert ((0 <= ids[:, -new:]) & (ids[:, -new:] < n_vocab)).all() and ((0 <= lengths) & (lengths <= new)).all()
+    outcomes["ok"] += 1
+
+
+start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+check()
+print(outcomes["ok"], outcomes["refused"], (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) // 1024)
+"""
+
+
+def test_fuzzed_requests_succeed_or_name_the_field(exported, tmp_path):
+    """Random requests (dtypes, ranks, extreme and NaN values, masks) to the SavedModel in a
+    TensorFlow-only process: each gives valid output or an error naming a field; none hangs,
+    and memory stays bounded."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", FUZZ, exported, "50257", "64", "60"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ok, refused, growth_mb = map(int, result.stdout.split()[-3:])
+    assert ok >= 5 and refused >= 5, (ok, refused)
+    assert growth_mb < 1000, f"memory grew {growth_mb} MB over the requests"

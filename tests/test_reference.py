@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python import tf2
 
-from tests.conftest import require_reference
+from tests.conftest import ATOL, require_reference
 from tfgpt2.checkpoint import load_model
 from tfgpt2.compare import greedy
 from tfgpt2.reference import Reference, ReferenceError
@@ -31,7 +31,7 @@ def test_leaves_no_trace(tiny):
     assert "tensorflow.contrib" not in sys.modules and "sample" not in sys.modules
     assert sys.path == path
     ours = model(TOKENS)  # tfgpt2 still works in this process, eagerly and traced
-    np.testing.assert_allclose(ours["logits"], theirs["logits"], atol=5e-4, rtol=0)
+    np.testing.assert_allclose(ours["logits"], theirs["logits"], atol=ATOL, rtol=0)
     traced = tf.function(lambda x: model(x)["logits"])
     np.testing.assert_allclose(traced(tf.constant(TOKENS)), ours["logits"], atol=1e-5, rtol=0)
 
@@ -41,10 +41,10 @@ def test_hidden_is_each_blocks_output_with_and_without_past(tiny):
     theirs = ref.model(TOKENS, hidden=True)
     n_layer, n_embd = model.hparams.n_layer, model.hparams.n_embd
     assert theirs["hidden"].shape == (2, n_layer, 4, n_embd)
-    np.testing.assert_allclose(model(TOKENS, return_hidden=True)["hidden"], theirs["hidden"], atol=5e-4, rtol=0)
+    np.testing.assert_allclose(model(TOKENS, return_hidden=True)["hidden"], theirs["hidden"], atol=ATOL, rtol=0)
     assert "hidden" not in ref.model(TOKENS)
     later = ref.model(TOKENS[:, 3:], past=ref.model(TOKENS[:, :3])["present"], hidden=True)
-    np.testing.assert_allclose(later["hidden"], theirs["hidden"][:, :, 3:], atol=5e-4, rtol=0)
+    np.testing.assert_allclose(later["hidden"], theirs["hidden"][:, :, 3:], atol=ATOL, rtol=0)
 
 
 def test_sample_sequence_with_top_k_1_is_greedy(tiny):

@@ -1,16 +1,20 @@
 """Sampling and the compiled generation loop: against the reference, against the uncached
 model, and the statistics of top-k, top-p and temperature."""
+import gc
+import time
+import weakref
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorflow as tf
 
-from tests.conftest import require_reference
+from tests.conftest import ATOL, require_reference
 from tfgpt2 import load_model
-from tfgpt2.model import conv1d_layers, past_shape, transposed_weights
+from tfgpt2.model import past_shape
 from tfgpt2.reference import Reference
-from tfgpt2.sample import choose, generate, generator_for, sample_sequence, top_k_logits, top_p_logits
-
-ATOL = 5e-4
+from tfgpt2.sample import (choose, generate, generator_for, sample_sequence, top_k_logits, top_p_logits,
+                           transpose_pays)
 
 
 @pytest.fixture(scope="module")
@@ -53,23 +57,35 @@ def test_greedy_matches_reference_124m(gpt2_124m_dir):
 
 # ---- the cache path against the uncached model ----------------------------------------
 
+def empty_cache(hp, batch, size):
+    shape = past_shape(hparams=hp, batch_size=batch, sequence=size)
+    return [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
+
+
 @pytest.mark.parametrize("pad", [0, 3])
 def test_cached_steps_equal_full_forward(tiny, pad):
     """Prefill then one token at a time through the fixed-size cache, at every position,
     against one uncached pass over the whole sequence; with and without left padding."""
-    hp = tiny.hparams
     tokens = np.array(prompts_for(1, [12, 12]))
     full = tiny(tokens)["logits"].numpy()
-    shape = past_shape(hparams=hp, batch_size=2, sequence=32)
-    cache = [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
     pads = tf.constant([pad, pad])
     padded = np.concatenate([np.zeros([2, pad], np.int64), tokens[:, :5]], axis=1)
-    out = tiny(padded, cache, pad=pads, cache_index=0)
-    np.testing.assert_allclose(out["logits"].numpy()[:, pad:], full[:, :5], atol=ATOL, rtol=0)
+    logits, cache = tiny.call_with_cache(tf.constant(padded), empty_cache(tiny.hparams, 2, 32), 0, pad=pads)
+    np.testing.assert_allclose(logits.numpy(), full[:, 4], atol=ATOL, rtol=0)
     for t in range(5, 12):
-        out = tiny(tokens[:, t:t + 1], out["present"], pad=pads, cache_index=pad + t)
-        np.testing.assert_allclose(out["logits"].numpy()[:, 0], full[:, t], atol=ATOL, rtol=0,
-                                   err_msg=f"position {t}")
+        logits, cache = tiny.call_with_cache(tf.constant(tokens[:, t:t + 1]), cache, pad + t, pad=pads)
+        np.testing.assert_allclose(logits.numpy(), full[:, t], atol=ATOL, rtol=0, err_msg=f"position {t}")
+
+
+def test_past_is_the_originals_and_generation_leaves_it_alone(tiny):
+    """`past`/`present` stay the original's 6-D tensors; the cache is another argument."""
+    tokens = np.array(prompts_for(13, [6]))
+    first = tiny(tokens[:, :4])
+    assert first["present"].shape == (1, tiny.hparams.n_layer, 2, tiny.hparams.n_head, 4, 16)
+    later = tiny(tokens[:, 4:], first["present"])
+    np.testing.assert_allclose(later["logits"].numpy(), tiny(tokens)["logits"].numpy()[:, 4:], atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="past must be"):
+        tiny(tokens[:, 4:], empty_cache(tiny.hparams, 1, 8))
 
 
 @pytest.mark.parametrize("jit_compile", [True, False])
@@ -80,36 +96,42 @@ def test_compiled_greedy_equals_uncached_greedy(tiny, jit_compile):
 
 
 def test_transposed_weights_give_the_same_logits(wide_dir):
-    """The [nf, nx] copies batch-1 generation multiplies by on a CPU: prefill and one cached
-    step under XLA, against the model's own weights."""
+    """The [nf, nx] copies generation multiplies by on a CPU: prefill and one cached step under
+    XLA, against the model's own weights (on any device: the layout is passed explicitly)."""
     model = load_model(wide_dir)
     hp = model.hparams
-    weights = generator_for(model).transposed()
-    assert [tuple(w.shape) for w in weights[:4]] == [
+    weights = model.transposed_weights()
+    assert [tuple(w.shape) for w in weights[0]] == [
         (3 * hp.n_embd, hp.n_embd), (hp.n_embd, hp.n_embd), (4 * hp.n_embd, hp.n_embd), (hp.n_embd, 4 * hp.n_embd)]
 
     @tf.function(jit_compile=True)
     def two_steps(tokens, weights):
-        with transposed_weights(dict(zip(conv1d_layers(model), weights))):
-            shape = past_shape(hparams=hp, batch_size=1, sequence=16)
-            cache = [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
-            out = model(tokens[:, :5], cache, cache_index=0)
-            return out["logits"], model(tokens[:, 5:6], out["present"], cache_index=5)["logits"]
+        logits, cache = model.call_with_cache(tokens[:, :5], empty_cache(hp, 1, 16), 0, weights=weights)
+        return logits, model.call_with_cache(tokens[:, 5:6], cache, 5, weights=weights)[0]
 
     tokens = np.array(prompts_for(11, [6]))
     full = model(tokens)["logits"].numpy()
-    for weights_used in (weights, ()):
+    for weights_used in (weights, None):
         prefill, step = two_steps(tf.constant(tokens), weights_used)
-        np.testing.assert_allclose(prefill.numpy()[0], full[0, :5], atol=ATOL, rtol=0)
-        np.testing.assert_allclose(step.numpy()[0, 0], full[0, 5], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(prefill.numpy()[0], full[0, 4], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(step.numpy()[0], full[0, 5], atol=ATOL, rtol=0)
+
+
+def test_transpose_policy():
+    """The planner's rule, whatever device the tests run on."""
+    assert bool(transpose_pays(16, on_cpu=True))
+    assert not bool(transpose_pays(15, on_cpu=True))
+    assert not bool(transpose_pays(100, on_cpu=False))
+    assert not bool(transpose_pays(100, on_cpu=True, jit_compile=False))
 
 
 def test_generation_uses_transposed_weights_where_they_pay(wide_dir):
     model = load_model(wide_dir)
     gen = generator_for(model)
-    assert len(gen.weights_for(16)) == 4 * model.hparams.n_layer
-    assert gen.weights_for(15) == ()
-    assert generator_for(model, jit_compile=False).weights_for(16) == ()
+    gen.on_cpu = True  # the rule for a CPU, also where the tests run on a GPU
+    assert len(gen.weights_for(16)) == model.hparams.n_layer
+    assert gen.weights_for(15) is None
+    assert generator_for(model, jit_compile=False).weights_for(16) is None
     prompts = prompts_for(12, [3, 1, 6])
     copies, transposed = [], gen.transposed
     gen.transposed = lambda: copies.append(1) or transposed()
@@ -120,6 +142,18 @@ def test_generation_uses_transposed_weights_where_they_pay(wide_dir):
     assert copies == [1], "generate did not use the transposed copies"
     for prompt, row in zip(prompts, together):
         assert row.tolist() == greedy_uncached(model, prompt, 40)
+
+
+def test_compiled_functions_live_and_die_with_the_model(tiny_dir):
+    """A model that has generated is freed once dropped: its Generator is kept on it."""
+    model = load_model(tiny_dir)
+    generate(model, [[1, 2]], 3, seed=0)
+    generate(model, [[1, 2]], 3, seed=0, progress=lambda n: None)
+    assert set(model.generators) == {True}
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None, "the model is still referenced after del and gc.collect()"
 
 
 def test_temperature_zero_is_greedy(tiny):
@@ -234,6 +268,43 @@ def test_samples_lie_in_top_k_and_nucleus():
     assert set(draws(logits, 5000, top_k=20, top_p=0.5).tolist()) <= both
 
 
+def chi_square(counts, probs):
+    """Chi-square statistic of counts against probabilities (zero-probability cells must be empty)."""
+    assert counts[probs == 0].sum() == 0, "drew a token the filter removed"
+    expected = probs[probs > 0] * counts.sum()
+    return (((counts[probs > 0] - expected) ** 2) / expected).sum()
+
+
+def filtered_softmax(logits, keep):
+    p = np.where(keep, np.exp(logits - logits.max()), 0.0)
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.8), (8, 0.7)])
+def test_distribution_matches_filtered_softmax(top_k, top_p):
+    """20,000 draws with top-k, top-p or both against the softmax renormalised over the kept
+    tokens: a sampler that always takes the most likely token (or ignores the filter) fails."""
+    logits = np.random.default_rng(2).normal(size=40).astype(np.float32)
+    kept = logits[None]
+    if top_k:
+        kept = reference_top_k(kept, top_k)
+    kept = reference_top_p(kept, top_p)[0] > -1e9
+    assert kept.sum() >= 3
+    probs = filtered_softmax(logits.astype(np.float64), kept)
+    counts = np.bincount(draws(logits, 20_000, top_k=top_k, top_p=top_p), minlength=40)
+    df = int(kept.sum()) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3  # chi-square p = 0.001 (Wilson-Hilferty)
+    assert chi_square(counts, probs) < critical
+
+
+def test_distribution_test_rejects_a_greedy_sampler():
+    """The statistic above is not toothless: argmax draws fail it by orders of magnitude."""
+    logits = np.random.default_rng(2).normal(size=40).astype(np.float32)
+    kept = reference_top_k(logits[None], 5)[0] > -1e9
+    counts = np.bincount(np.full(20_000, np.argmax(logits)), minlength=40)
+    assert chi_square(counts, filtered_softmax(logits.astype(np.float64), kept)) > 1000
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0])
 def test_distribution_matches_softmax(temperature):
     """Chi-square test of 40,000 draws over 12 tokens against softmax(logits / T)."""
@@ -257,14 +328,29 @@ def test_seed_reproducible_and_seeds_differ(tiny):
 # ---- bad input ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("prompts, length, kwargs, message", [
-    ([[1, 50257]], 4, {}, r"prompt 0: token id 50257 out of range \[0, n_vocab=50257\)"),
-    ([[1], [-3]], 4, {}, r"prompt 1: token id -3 out of range"),
-    ([[1] * 60], 6, {}, r"prompt 0: 60 tokens \+ length 6 - 1 exceeds the context window n_ctx=64"),
-    ([[1]], 0, {}, r"length must be >= 1"),
+    ([[1, 50257]], 4, {}, r"token ids must be in \[0, n_vocab=50257\); got \[50257\]"),
+    ([[1], [-3]], 4, {}, r"token ids must be in \[0, n_vocab=50257\); got \[-3\]"),
+    ([[1] * 60], 6, {}, r"prompt tokens \+ length \(max_new_tokens\) - 1 must be <= n_ctx=64; .*got 60, 6"),
+    ([[1, 2]], 2**31 - 1, {}, r"must be <= n_ctx=64; .*got 2, 2147483647"),
+    ([[1, 2, 3]], 2**31 - 2, {}, r"must be <= n_ctx=64"),
+    ([[1, 2]], 2**40, {}, r"must be <= n_ctx=64"),
+    ([[1]], 0, {}, r"length \(max_new_tokens\) must be >= 1"),
+    ([[1]], 3.7, {}, r"length must be an integer, got 3.7"),
     ([[]], 3, {}, r"at least one token"),
+    ([], 3, {}, r"non-empty list"),
+    ([[1.7, 2.2]], 3, {}, r"prompt 0: token ids must be a flat list of integers, got dtype float64"),
+    ([[1], [[2]]], 3, {}, r"prompt 1: token ids must be a flat list of integers"),
     ([[1]], 3, {"top_k": -1}, r"top_k must be >= 0"),
+    ([[1]], 3, {"top_k": 2.5}, r"top_k must be an integer, got 2.5"),
     ([[1]], 3, {"top_p": 1.5}, r"top_p must be in \[0, 1\]"),
-    ([[1]], 3, {"temperature": -1}, r"temperature must be >= 0"),
+    ([[1]], 3, {"top_p": float("nan")}, r"top_p must be in \[0, 1\]; got nan"),
+    ([[1]], 3, {"temperature": -1}, r"temperature must be a finite number >= 0"),
+    ([[1]], 3, {"temperature": float("nan")}, r"temperature must be a finite number >= 0; got nan"),
+    ([[1]], 3, {"temperature": float("inf")}, r"temperature must be a finite number >= 0; got inf"),
+    ([[1]], 3, {"temperature": "hot"}, r"temperature must be a number"),
+    ([[1]], 3, {"seed": 2**70}, r"seed must be in \[0, 9223372036854775808\)"),
+    ([[1]], 3, {"seed": -1}, r"seed must be in \[0, "),
+    ([[1]], 3, {"seed": 1.5}, r"seed must be an integer"),
 ])
 def test_bad_input(tiny, prompts, length, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -279,3 +365,38 @@ def test_sample_sequence_api(tiny):
     assert [len(r) for r in ragged] == [6, 5]
     with pytest.raises(ValueError, match="exactly one of start_token and context"):
         sample_sequence(model=tiny, length=4)
+    with pytest.raises(ValueError, match="prompt 0: token ids must be a flat list of integers"):
+        sample_sequence(model=tiny, length=4, context=[[1.7, 2.2]])
+    with pytest.raises(ValueError, match="length must be an integer, got 3.7"):
+        sample_sequence(model=tiny, length=3.7, context=[[1]])
+
+
+def test_refused_request_returns_at_once(tiny):
+    """An overflowing length is refused before anything is allocated or compiled."""
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="must be <= n_ctx"):
+        generate(tiny, [[10, 20]], 2**31 - 1)
+    assert time.perf_counter() - start < 2
+
+
+VALUES = [0, 1, 3, -1, 2.5, float("nan"), float("inf"), 2**31 - 1, 2**63, True, "x", None]
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(context=st.lists(st.lists(st.sampled_from([0, 5, 50256, 50257, -1, 1.5]), min_size=0, max_size=4),
+                        min_size=0, max_size=2),
+       length=st.sampled_from([1, 3] * 4 + VALUES), temperature=st.sampled_from([0.0, 1.0] * 3 + VALUES),
+       top_k=st.sampled_from([0, 1, 40] * 3 + VALUES), top_p=st.sampled_from([1.0, 0.9] * 3 + VALUES),
+       seed=st.sampled_from([0, 7] * 3 + VALUES))
+def test_fuzzed_arguments_succeed_or_name_the_argument(tiny, context, length, temperature, top_k, top_p, seed):
+    args = dict(context=context, length=length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    try:
+        rows = sample_sequence(model=tiny, **args)
+    except ValueError as e:
+        assert any(word in str(e) for word in ("prompt", "token ids", "length", "temperature", "top_k", "top_p",
+                                               "seed")), str(e)
+        return
+    assert len(rows) == len(context)
+    for row, prompt in zip(rows, context):
+        assert list(row[:len(prompt)]) == prompt and len(row) == len(prompt) + length
+        assert ((0 <= row) & (row < 50257)).all()

@@ -13,7 +13,7 @@ import tempfile
 import tensorflow as tf
 
 from .hparams import load_hparams, save_hparams
-from .model import GPT2, uninitialized
+from .model import GPT2
 from .params import variable_shapes
 
 
@@ -116,8 +116,7 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True):
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
     source = _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)
-    with uninitialized():
-        model = GPT2(hparams, tie_embeddings=tie_embeddings)
+    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False)
     return _restore(model, prefix, source)
 
 

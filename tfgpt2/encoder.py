@@ -12,6 +12,7 @@ from functools import lru_cache
 import tiktoken
 
 EOT = '<|endoftext|>'
+EOT_TOKEN = 50256  # its id in GPT-2's encoder.json: where generation stops by default
 VOCAB_FILES = ('encoder.json', 'vocab.bpe')
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'assets')
 ASSETS_SHA256 = {

@@ -11,12 +11,10 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
   given, then the new tokens, `eot` after a row stops) and `lengths` int32 [batch], the new
   tokens per row (fewer than max_new_tokens only where the export stops at eot).
 
-`generate` checks its inputs with asserts (XLA would clamp bad ids silently), buckets the
-prompt and total lengths as `sample.generate` does, and calls the same XLA-compiled
-`Generator.generate_padded`, which XLA compiles once per (batch, prompt bucket, total bucket),
-from `TRANSPOSE_FROM` new tokens on with the transposed weights `sample.generate` uses on a
-CPU (wherever the export is served; on a GPU, where they gain nothing, they cost a copy per
-request, not measured here).
+`generate` runs the library's planner and checks (`sample.check_request`, `sample.plan`,
+`sample.transpose_pays`) as graph ops before the XLA-compiled `Generator.generate_padded`
+(XLA would clamp bad ids silently), which XLA compiles once per (batch, prompt bucket, total
+bucket).
 """
 import glob
 import os
@@ -25,7 +23,8 @@ import shutil
 import tensorflow as tf
 
 from .checkpoint import checkpoint_prefix, load_model
-from .sample import TRANSPOSE_FROM, Generator, bucket
+from .encoder import EOT_TOKEN
+from .sample import Generator, check_request, plan, transpose_pays
 
 SCALARS = {"max_new_tokens": tf.int32, "temperature": tf.float32, "top_k": tf.int32,
            "top_p": tf.float32, "seed": tf.int64}
@@ -40,26 +39,25 @@ def _after(x, *checks):
 
 
 def _one_value(x, name):
-    """The value of a scalar, or of a [batch] vector whose values are all equal."""
+    """The value of a scalar, or of a [batch] vector whose values are all equal (NaNs too)."""
     x = _after(x, tf.debugging.assert_rank_in(x, [0, 1], message=f"{name} must be a scalar or one value per row"))
     flat = _after(tf.reshape(x, [-1]), tf.debugging.assert_positive(tf.size(x), message=f"{name} is empty"))
-    return _after(flat[0], tf.debugging.assert_equal(flat, flat[0], message=f"{name} must be the same for every row"))
-
-
-def _bucket(n, largest):
-    """`sample.bucket(n)` as a tensor, for 1 <= n <= largest."""
-    sizes = tf.constant(sorted({bucket(n) for n in range(1, largest + 1)}))
-    return tf.reduce_min(tf.where(sizes >= n, sizes, sizes[-1]))
+    same = tf.equal(flat, flat[0])
+    if x.dtype.is_floating:
+        same = tf.logical_or(same, tf.logical_and(tf.math.is_nan(flat), tf.math.is_nan(flat[0])))
+    return _after(flat[0], tf.debugging.Assert(tf.reduce_all(same), [f"{name} must be the same for every row"]))
 
 
 class Serving(tf.Module):
     """The model's variables, each once (the tied `wte` too), and the two signatures.
 
     The model and its `Generator` are held where `tf.Module` does not track them, so the
-    SavedModel stores plain variables, not the Keras objects.
+    SavedModel stores plain variables, not the Keras objects. Whether `generate` uses the
+    transposed weights (`sample.transpose_pays`) is decided for the device the model is
+    exported from.
     """
 
-    def __init__(self, model, *, stop_at_eot=False, eot=50256):
+    def __init__(self, model, *, stop_at_eot=False, eot=EOT_TOKEN):
         super().__init__(name="gpt2")
         if not 0 <= eot < model.hparams.n_vocab:
             raise ValueError(f"eot {eot} is not a token id of this model (n_vocab={model.hparams.n_vocab})")
@@ -73,47 +71,37 @@ class Serving(tf.Module):
 
     @tf.function(input_signature=[IDS, MASK] + [tf.TensorSpec(None, d, name=n) for n, d in SCALARS.items()])
     def generate(self, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, seed):
-        n_ctx = self._generator.model.hparams.n_ctx
+        generator = self._generator
         options = [_one_value(x, name) for x, name in
                    zip([max_new_tokens, temperature, top_k, top_p, seed], SCALARS)]
-        max_new_tokens, temperature, top_k, top_p, seed = options
         input_ids = _rank_2(input_ids)
         prompt, real = self._prompts(input_ids, _rank_2(attention_mask))
-        longest = _after(tf.reduce_max(real), *_check_options(*options[:4]))
-        longest = _after(longest, tf.debugging.assert_less_equal(
-            longest + max_new_tokens - 1, n_ctx,
-            message=f"prompt tokens + max_new_tokens - 1 must be <= n_ctx={n_ctx}"))
-        prompt_len = tf.minimum(_bucket(longest, n_ctx), n_ctx)
-        total = tf.minimum(_bucket(prompt_len + max_new_tokens, 2 * n_ctx), prompt_len + n_ctx)
+        checks = check_request(prompt, real, *options[:4], hparams=generator.model.hparams)
+        max_new_tokens, temperature, top_k, top_p, seed = (_after(x, *checks) for x in options)
+        prompt, real = _after(prompt, *checks), _after(real, *checks)
+        prompt_len, total = plan(tf.reduce_max(real), max_new_tokens, generator.model.hparams.n_ctx)
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
         args = (prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
                 temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
-        generate_padded = self._generator.generate_padded
-        tokens, lengths = tf.cond(max_new_tokens >= TRANSPOSE_FROM,
-                                  lambda: generate_padded(self._generator.transposed(), *args),
-                                  lambda: generate_padded((), *args))
+        tokens, lengths = tf.cond(transpose_pays(max_new_tokens, on_cpu=generator.on_cpu),
+                                  lambda: generator.generate_padded(generator.transposed(), *args),
+                                  lambda: generator.generate_padded(None, *args))
         new = tokens[:, prompt_len:prompt_len + max_new_tokens]
         new = tf.where(tf.range(max_new_tokens)[None] < lengths[:, None], new, self._eot)
         return {"output_ids": tf.concat([input_ids, new], axis=1), "lengths": lengths}
 
     def _prompts(self, input_ids, attention_mask):
-        """Checked prompts (padding slots zeroed) and each row's count of real tokens."""
-        n_vocab = self._generator.model.hparams.n_vocab
+        """Prompts with padding slots zeroed and each row's count of real tokens, once the mask
+        is checked; the ids are checked with the rest of the request (`check_request`)."""
         mask = _after(attention_mask, tf.debugging.assert_equal(
             tf.shape(attention_mask), tf.shape(input_ids), message="attention_mask must have the shape of input_ids"))
-        ids = tf.where(mask == 1, input_ids, 0)
-        real = tf.reduce_sum(mask, axis=1)
         checks = [
-            tf.debugging.assert_positive(tf.size(real), message="input_ids has no rows"),
             tf.debugging.assert_equal(mask * (1 - mask), 0, message="attention_mask must hold only 0 and 1"),
             tf.debugging.assert_greater_equal(mask[:, 1:], mask[:, :-1], message=(
                 "attention_mask must be left padding: 0s, then 1s, in each row "
                 "(Hugging Face tokenizers: padding_side='left')")),
-            tf.debugging.assert_positive(real, message="every row needs at least one token (attention_mask 1)"),
-            tf.debugging.assert_non_negative(ids, message="token ids must be >= 0"),
-            tf.debugging.assert_less(ids, n_vocab, message=f"token ids must be < n_vocab={n_vocab}"),
         ]
-        return _after(ids, *checks), _after(real, *checks)
+        return _after(tf.where(mask == 1, input_ids, 0), *checks), _after(tf.reduce_sum(mask, axis=1), *checks)
 
 
 def _rank_2(x):
@@ -122,17 +110,7 @@ def _rank_2(x):
     return tf.ensure_shape(x, [None, None])
 
 
-def _check_options(max_new_tokens, temperature, top_k, top_p):
-    return [
-        tf.debugging.assert_positive(max_new_tokens, message="max_new_tokens must be >= 1"),
-        tf.debugging.assert_non_negative(temperature, message="temperature must be >= 0"),
-        tf.debugging.assert_non_negative(top_k, message="top_k must be >= 0"),
-        tf.debugging.assert_non_negative(top_p, message="top_p must be in [0, 1]"),
-        tf.debugging.assert_less_equal(top_p, 1.0, message="top_p must be in [0, 1]"),
-    ]
-
-
-def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot=False, eot=50256):
+def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot=False, eot=EOT_TOKEN):
     """Write the SavedModel to `<export_dir>/<version>/`, TF Serving's layout; returns that path.
 
     `model_dir_or_model` is a model folder or a `GPT2`. `stop_at_eot` fixes for every request

@@ -3,13 +3,11 @@
 Each layer's variables carry the checkpoint's names (`model/h0/attn/c_attn/w`, shape
 [1, n_embd, 3*n_embd]), so loading and saving are a loop over `model.weights`.
 
-Beyond the original, `GPT2.call` can run over a fixed-size key/value cache written in place
-(`cache_index`), with left padding (`pad`); the generation loop in `sample.py` uses that,
-and it shares every projection, the mask and the softmax with the original `past` path.
+`GPT2.call(X, past)` is the original's `model()`. Generation (`sample.py`) uses
+`GPT2.call_with_cache` instead: the same blocks over a fixed-size key/value cache written in
+place, with left padding, and optionally with the block weights in another memory layout
+(`GPT2.transposed_weights`). Both share every projection, the mask and the softmax.
 """
-import contextlib
-import contextvars
-
 import numpy as np
 import tensorflow as tf
 import keras
@@ -18,45 +16,10 @@ from tensorflow.compiler.tf2xla.python import xla
 from .hparams import default_hparams
 
 
-_INITIALIZE = contextvars.ContextVar("initialize", default=True)
-_TRANSPOSED = contextvars.ContextVar("transposed", default={})
-
-
-@contextlib.contextmanager
-def uninitialized():
-    """Create variables as zeros instead of random: for a model a checkpoint is loaded into
+def normal(stddev, initialize=True):
+    """The original's random_normal_initializer; zeros for a model a checkpoint is loaded into
     (random init of 124M parameters takes seconds and memory for nothing)."""
-    token = _INITIALIZE.set(False)
-    try:
-        yield
-    finally:
-        _INITIALIZE.reset(token)
-
-
-@contextlib.contextmanager
-def transposed_weights(weights):
-    """Inside, each Conv1D in `weights` ({layer: its w as [nf, nx]}) multiplies by that.
-
-    Same values, another memory layout, for the decoding steps of XLA-compiled generation on a
-    CPU, which spend their time reading the weights: XLA multiplies a few rows by a [nx, nf]
-    weight on one core, and the [nf, nx] copy on all of them (README, Speed). XLA only (it
-    needs an optimization barrier). The caller makes the copies (`Generator.transposed`)."""
-    token = _TRANSPOSED.set(weights)
-    try:
-        yield
-    finally:
-        _TRANSPOSED.reset(token)
-
-
-def conv1d_layers(model):
-    """Every Conv1D of the blocks, in a fixed order."""
-    return [conv for block in model.h
-            for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)]
-
-
-def normal(stddev):
-    """The original's random_normal_initializer, unless inside `uninitialized()`."""
-    return keras.initializers.RandomNormal(stddev=stddev) if _INITIALIZE.get() else "zeros"
+    return keras.initializers.RandomNormal(stddev=stddev) if initialize else "zeros"
 
 
 def shape_list(x):
@@ -110,18 +73,19 @@ def merge_states(x):
 class Conv1D(keras.layers.Layer):
     """conv1d: a dense layer whose weight keeps the original's [1, nx, nf] shape."""
 
-    def __init__(self, nx, nf, *, w_init_stdev=0.02, **kwargs):
+    def __init__(self, nx, nf, *, w_init_stdev=0.02, initialize=True, **kwargs):
         super().__init__(**kwargs)
-        self.nx, self.nf, self.w_init_stdev = nx, nf, w_init_stdev
+        self.nx, self.nf, self.w_init_stdev, self.initialize = nx, nf, w_init_stdev, initialize
 
     def build(self, input_shape=None):
-        self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf], initializer=normal(self.w_init_stdev))
+        self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf],
+                                 initializer=normal(self.w_init_stdev, self.initialize))
         self.b = self.add_weight(name="b", shape=[self.nf], initializer="zeros")
 
-    def call(self, x):
+    def call(self, x, w_t=None):
+        """`w_t`: this layer's weight as [nf, nx] (`GPT2.transposed_weights`), under XLA only."""
         *start, nx = shape_list(x)
         x = tf.reshape(x, [-1, nx])
-        w_t = _TRANSPOSED.get().get(self)
         if w_t is None:
             y = tf.matmul(x, tf.reshape(self.w, [-1, self.nf])) + self.b
         else:
@@ -149,25 +113,20 @@ def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
 
 
 def write_cache(cache, update, index):
-    """cache[:, :, index:index+n] = update, for cache [batch, heads, T, features].
-
-    A scatter, because XLA needs the bounds of a strided-slice update to be constants;
-    under XLA it updates the loop's cache buffer in place.
-    """
-    batch, heads, n, _ = shape_list(update)
-    grid = tf.meshgrid(tf.range(batch), tf.range(heads), index + tf.range(n), indexing="ij")
-    return tf.tensor_scatter_nd_update(cache, tf.stack(grid, axis=-1), update)
+    """cache[:, :, index:index+n] = update, for cache [batch, heads, T, features]; under XLA
+    in place in the loop's buffer."""
+    return xla.dynamic_update_slice(cache, update, tf.stack([0, 0, index, 0]))
 
 
 class Attention(keras.layers.Layer):
     """attn: causal multi-head self-attention returning `present` ([k, v] of the new tokens)."""
 
-    def __init__(self, n_state, *, hparams, **kwargs):
+    def __init__(self, n_state, *, hparams, initialize=True, **kwargs):
         super().__init__(**kwargs)
         assert n_state % hparams.n_head == 0
         self.n_head = hparams.n_head
-        self.c_attn = Conv1D(n_state, n_state * 3, name="c_attn")
-        self.c_proj = Conv1D(n_state, n_state, name="c_proj")
+        self.c_attn = Conv1D(n_state, n_state * 3, initialize=initialize, name="c_attn")
+        self.c_proj = Conv1D(n_state, n_state, initialize=initialize, name="c_proj")
 
     def build(self, input_shape=None):
         self.c_attn.build()
@@ -180,15 +139,15 @@ class Attention(keras.layers.Layer):
     def merge_heads(self, x):
         return merge_states(tf.transpose(x, [0, 2, 1, 3]))
 
-    def call(self, x, past=None, *, attn_mask, cache_index=None):
-        """`past` [batch, 2, heads, sequence, features] is concatenated to, as in the original;
-        with `cache_index` it is a pair of fixed-size caches (keys, values), each
-        [batch, heads, T_max, features], that the new keys and values are written into, and
-        `present` is the pair of updated caches."""
-        c = self.c_attn(x)
+    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, w_t=(None, None)):
+        """`past` [batch, 2, heads, sequence, features] is concatenated to, as in the original,
+        and `present` is [k, v] of x. Or `cache`, a pair (keys, values) of fixed size
+        [batch, heads, T, features], gets x's keys and values written at `cache_index`, and
+        `present` is the updated pair. `w_t`: c_attn's and c_proj's weights as [nf, nx]."""
+        c = self.c_attn(x, w_t=w_t[0])
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
-        if cache_index is not None:
-            k, v = present = tuple(write_cache(cache, new, cache_index) for cache, new in zip(past, (k, v)))
+        if cache is not None:
+            k, v = present = tuple(write_cache(old, new, cache_index) for old, new in zip(cache, (k, v)))
         else:
             present = tf.stack([k, v], axis=1)
             if past is not None:
@@ -197,7 +156,7 @@ class Attention(keras.layers.Layer):
                 v = tf.concat([pv, v], axis=-2)
         a = multihead_attn(q, k, v, attn_mask)
         a = self.merge_heads(a)
-        return self.c_proj(a), present
+        return self.c_proj(a, w_t=w_t[1]), present
 
 
 def mask_attn_weights(w, b):
@@ -218,38 +177,41 @@ def multihead_attn(q, k, v, mask):
 class MLP(keras.layers.Layer):
     """mlp: c_fc to n_state, tanh GELU, c_proj back to nx."""
 
-    def __init__(self, nx, n_state, **kwargs):
+    def __init__(self, nx, n_state, *, initialize=True, **kwargs):
         super().__init__(**kwargs)
-        self.c_fc = Conv1D(nx, n_state, name="c_fc")
-        self.c_proj = Conv1D(n_state, nx, name="c_proj")
+        self.c_fc = Conv1D(nx, n_state, initialize=initialize, name="c_fc")
+        self.c_proj = Conv1D(n_state, nx, initialize=initialize, name="c_proj")
 
     def build(self, input_shape=None):
         self.c_fc.build()
         self.c_proj.build()
 
-    def call(self, x):
-        return self.c_proj(gelu(self.c_fc(x)))
+    def call(self, x, w_t=(None, None)):
+        return self.c_proj(gelu(self.c_fc(x, w_t=w_t[0])), w_t=w_t[1])
 
 
 class Block(keras.layers.Layer):
     """block: pre-norm attention and MLP, each added to the residual stream."""
 
-    def __init__(self, *, hparams, **kwargs):
+    def __init__(self, *, hparams, initialize=True, **kwargs):
         super().__init__(**kwargs)
         nx = hparams.n_embd
         self.ln_1 = Norm(nx, name="ln_1")
-        self.attn = Attention(nx, hparams=hparams, name="attn")
+        self.attn = Attention(nx, hparams=hparams, initialize=initialize, name="attn")
         self.ln_2 = Norm(nx, name="ln_2")
-        self.mlp = MLP(nx, nx * 4, name="mlp")
+        self.mlp = MLP(nx, nx * 4, initialize=initialize, name="mlp")
 
     def build(self, input_shape=None):
         for layer in (self.ln_1, self.attn, self.ln_2, self.mlp):
             layer.build()
 
-    def call(self, x, past=None, *, attn_mask, cache_index=None):
-        a, present = self.attn(self.ln_1(x), past, attn_mask=attn_mask, cache_index=cache_index)
+    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, w_t=(None,) * 4):
+        """`past`, `cache`, `cache_index`: see `Attention.call`. `w_t`: the block's four weights
+        as [nf, nx] (c_attn, attn's c_proj, c_fc, mlp's c_proj), or Nones."""
+        a, present = self.attn(self.ln_1(x), past, attn_mask=attn_mask, cache=cache,
+                               cache_index=cache_index, w_t=w_t[:2])
         x = x + a
-        m = self.mlp(self.ln_2(x))
+        m = self.mlp(self.ln_2(x), w_t=w_t[2:])
         x = x + m
         return x, present
 
@@ -268,22 +230,66 @@ def positions_for(tokens, past_length, pad=None):
     return tf.maximum(positions - tf.cast(pad, tf.int32)[:, None], 0)
 
 
+def as_token_ids(X):
+    """X (a tensor, an array or nested lists) as an integer tensor [batch, time]; anything
+    else fails naming its shape or dtype."""
+    if isinstance(X, keras.KerasTensor):
+        return X
+    if not tf.is_tensor(X):
+        try:
+            array = np.asarray(X)
+        except ValueError:
+            raise ValueError("token ids must be [batch, time] with rows of equal length; "
+                             "got rows of different lengths") from None
+        if array.dtype == object:
+            raise ValueError("token ids must be [batch, time] with rows of equal length; "
+                             "got rows of different lengths or non-numbers")
+        if array.size == 0:
+            array = array.astype(np.int32)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"token ids must be integers, got dtype {array.dtype}")
+        fits = array.size == 0 or (array.min() >= -2**31 and array.max() < 2**31)
+        X = tf.constant(array, tf.int32 if fits else tf.int64)
+    if not X.dtype.is_integer:
+        raise ValueError(f"token ids must be integers, got dtype {X.dtype.name}")
+    if X.shape.rank is not None and X.shape.rank != 2:
+        raise ValueError(f"token ids must be [batch, time], got shape {X.shape.as_list()}")
+    return X
+
+
+def check_past(past, batch, hparams):
+    """`past` as the original's [batch, n_layer, 2, n_head, T, head_dim]; a mismatch in a
+    known dimension fails naming both shapes."""
+    expected = past_shape(hparams=hparams, batch_size=batch if isinstance(batch, int) else None)
+    shape = past.shape.as_list()
+    if len(shape) != len(expected) or any(e is not None and s is not None and e != s
+                                         for e, s in zip(expected, shape)):
+        names = "[batch, n_layer, 2, n_head, sequence, n_embd // n_head]"
+        raise ValueError(f"past must be {names} = {['?' if e is None else e for e in expected]}, "
+                         f"got shape {shape}")
+    return past
+
+
 def check_inputs(X, positions, hparams):
-    """Out-of-range ids and positions must fail: `tf.gather` on a GPU returns zeros for them.
-    Raises at once in eager mode; in a graph the checks are ops (XLA drops them, so the
-    compiled generation checks its inputs before entering XLA)."""
+    """Token ids in [0, n_vocab) and positions < n_ctx, per row.
+
+    Returns X, gated by asserts (raised at once in eager mode, by the graph in a tf.function),
+    and `ok` [batch]: false for a row with a bad id or position. XLA drops asserts and clamps
+    `tf.gather`'s indices, so the caller turns such rows into NaN (never a plausible answer).
+    """
     n_vocab, n_ctx = hparams.n_vocab, hparams.n_ctx
-    if isinstance(positions, tf.Tensor) and positions.shape[1] is not None and positions.shape[1] > n_ctx:
+    if positions.shape[1] is not None and positions.shape[1] > n_ctx:
         raise ValueError(f"input of {positions.shape[1]} tokens exceeds the context window n_ctx={n_ctx}")
+    id_ok = tf.logical_and(X >= 0, X < tf.cast(n_vocab, X.dtype))
+    ok = tf.logical_and(tf.reduce_all(id_ok, axis=1), tf.reduce_all(positions < n_ctx, axis=1))
     checks = [
         tf.debugging.assert_less(positions, n_ctx, message=(
             f"input (past + new tokens) exceeds the context window n_ctx={n_ctx}; positions")),
-        tf.debugging.assert_non_negative(X, message="token ids must be >= 0; got"),
-        tf.debugging.assert_less(X, tf.cast(n_vocab, X.dtype), message=(
-            f"token ids must be < n_vocab={n_vocab}; got")),
+        tf.debugging.Assert(tf.reduce_all(id_ok), [f"token ids must be in [0, n_vocab={n_vocab}); got",
+                                                   tf.boolean_mask(X, tf.logical_not(id_ok))[:3]]),
     ]
     with tf.control_dependencies(checks):
-        return tf.identity(X)
+        return tf.identity(X), ok
 
 
 class GPT2(keras.Model):
@@ -293,73 +299,98 @@ class GPT2(keras.Model):
 
     `model(X, past=None)` returns {'logits': [batch, T, n_vocab],
     'present': [batch, n_layer, 2, n_head, T, n_embd // n_head]} as the original does.
+    `initialize=False` creates the variables as zeros, for a checkpoint to be loaded into.
     """
 
-    def __init__(self, hparams=None, *, tie_embeddings=True, name="model", **kwargs):
+    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, name="model", **kwargs):
         super().__init__(name=name, **kwargs)
         self.hparams = (hparams or default_hparams()).validate()
         if self.hparams.n_vocab < 1:
             raise ValueError("hparams.n_vocab must be set (>= 1); read it from hparams.json")
-        self.tie_embeddings = tie_embeddings
-        self.h = [Block(hparams=self.hparams, name=f"h{layer}") for layer in range(self.hparams.n_layer)]
+        self.tie_embeddings, self.initialize = tie_embeddings, initialize
+        self.h = [Block(hparams=self.hparams, initialize=initialize, name=f"h{layer}")
+                  for layer in range(self.hparams.n_layer)]
         self.ln_f = Norm(self.hparams.n_embd, name="ln_f")
+        self.generators = {}  # jit_compile -> sample.Generator, made on first use
         self.build()
 
     def build(self, input_shape=None):
         hp = self.hparams
         self.wpe = self.add_weight(name="wpe", shape=[hp.n_ctx, hp.n_embd],
-                                   initializer=normal(0.01))
+                                   initializer=normal(0.01, self.initialize))
         self.wte = self.add_weight(name="wte", shape=[hp.n_vocab, hp.n_embd],
-                                   initializer=normal(0.02))
+                                   initializer=normal(0.02, self.initialize))
         for block in self.h:
             block.build()
         self.ln_f.build()
         self.out_head = None if self.tie_embeddings else self.add_weight(
             name="out_head", shape=[hp.n_vocab, hp.n_embd],
-            initializer=normal(0.02))
+            initializer=normal(0.02, self.initialize))
 
-    def call(self, X, past=None, *, pad=None, cache_index=None, last_only=False, return_hidden=False):
-        """`past` as in the original. With `cache_index`, `past` is instead a list of per-layer
-        (keys, values) caches, each [batch, n_head, T_max, head_dim] (separate tensors, so that
-        XLA updates each in place and never slices them), that X's keys and values are written
-        into at slot `cache_index`, and 'present' is the list of updated caches. `pad` [batch] counts each row's left-padding slots.
-        `last_only` computes logits for the last position only (all that generation needs:
-        a long prompt's logits cost more than its forward pass). `return_hidden` adds 'hidden'
-        [batch, n_layer, T, n_embd], the residual stream after each block."""
+    def __call__(self, X, past=None, **kwargs):
+        """As Keras's, taking token ids and `past` as lists or arrays too."""
+        if past is not None and not isinstance(past, keras.KerasTensor):
+            past = tf.convert_to_tensor(past)
+        return super().__call__(as_token_ids(X), past, **kwargs)
+
+    def call(self, X, past=None, *, return_hidden=False):
+        """The original's model(): `past` as it. `return_hidden` adds 'hidden'
+        [batch, n_layer, T, n_embd], the residual stream after each block.
+
+        A row with a token id outside [0, n_vocab) or a position past n_ctx raises (eager,
+        tf.function), or, under XLA, which cannot raise, comes out as NaN."""
         hp = self.hparams
-        results = {}
-        X = tf.convert_to_tensor(X)
         batch, sequence = shape_list(X)
-        if cache_index is not None:
-            pasts, past_length, ns = past, cache_index, tf.shape(past[0][0])[-2]
-        else:
-            pasts = tf.unstack(past, axis=1) if past is not None else [None] * hp.n_layer
-            past_length = 0 if past is None else tf.shape(past)[-2]
-            ns = past_length + sequence
-        assert len(pasts) == hp.n_layer
-        positions = positions_for(X, past_length, pad)
-        if cache_index is None:  # generation checks its inputs before XLA, which drops asserts
-            X = check_inputs(X, positions, hp)
+        if past is not None:
+            past = check_past(past, batch, hp)
+        past_length = 0 if past is None else shape_list(past)[-2]
+        pasts = tf.unstack(past, axis=1) if past is not None else [None] * hp.n_layer
+        positions = positions_for(X, past_length)
+        X, ok = check_inputs(X, positions, hp)
         h = tf.gather(self.wte, X) + tf.gather(self.wpe, positions)
-        mask = attention_mask(sequence, ns, dtype=h.dtype, offset=past_length, pad=pad)
+        h = tf.where(ok[:, None, None], h, tf.constant(np.nan, h.dtype))
+        mask = attention_mask(sequence, past_length + sequence, dtype=h.dtype)
 
         presents, hidden = [], []
         for block, layer_past in zip(self.h, pasts):
-            h, present = block(h, layer_past, attn_mask=mask, cache_index=cache_index)
+            h, present = block(h, layer_past, attn_mask=mask)
             presents.append(present)
             hidden.append(h)
-        results["present"] = presents if cache_index is not None else tf.stack(presents, axis=1)
+        results = {"present": tf.stack(presents, axis=1), "logits": self.lm_logits(h)}
         if return_hidden:
             results["hidden"] = tf.stack(hidden, axis=1)
-        if last_only:
-            h, sequence = h[:, -1:], 1
+        return results
+
+    def call_with_cache(self, X, cache, cache_index, *, pad=None, weights=None):
+        """X [batch, T] through the blocks over `cache`, a list of per-layer (keys, values), each
+        [batch, n_head, T_max, head_dim] (separate tensors, so that XLA updates each in place),
+        X's keys and values written at slot `cache_index`. `pad` [batch] counts each row's
+        left-padding slots. `weights`: `transposed_weights()`, or None for the variables.
+
+        Returns the logits of the last position [batch, n_vocab] (all that generation needs: a
+        long prompt's logits cost more than its forward pass) and the updated cache. Inputs are
+        not checked here: the generation planner (`sample.py`) checks them before XLA."""
+        hp = self.hparams
+        sequence = shape_list(X)[1]
+        positions = positions_for(X, cache_index, pad)
+        h = tf.gather(self.wte, X) + tf.gather(self.wpe, positions)
+        mask = attention_mask(sequence, shape_list(cache[0][0])[2], dtype=h.dtype, offset=cache_index, pad=pad)
+        new_cache = []
+        for block, layer_cache, w_t in zip(self.h, cache, weights or [(None,) * 4] * hp.n_layer):
+            h, layer_cache = block(h, attn_mask=mask, cache=layer_cache, cache_index=cache_index, w_t=w_t)
+            new_cache.append(layer_cache)
+        return self.lm_logits(h[:, -1:])[:, 0], new_cache
+
+    def lm_logits(self, h):
+        """The final norm, then logits from `wte` (or `out_head`): [batch, T, n_vocab]."""
+        hp = self.hparams
+        batch, sequence, _ = shape_list(h)
         h = self.ln_f(h)
 
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
         logits = tf.matmul(h_flat, self.wte if self.tie_embeddings else self.out_head, transpose_b=True)
-        results["logits"] = tf.reshape(logits, [batch, sequence, hp.n_vocab])
-        return results
+        return tf.reshape(logits, [batch, sequence, hp.n_vocab])
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """`fit`/`evaluate`: a plain loss sees the logits alone (`present` is never built
@@ -371,3 +402,20 @@ class GPT2(keras.Model):
 
     def _logits_for_loss(self, y_pred):
         return y_pred["logits"] if isinstance(y_pred, dict) and not isinstance(self.loss, dict) else y_pred
+
+    def transposed_weights(self):
+        """Each block's four Conv1D weights copied as [nf, nx], for `call_with_cache`.
+
+        Same values, another memory layout, for the decoding steps of XLA-compiled generation
+        on a CPU, which spend their time reading the weights: XLA multiplies a few rows by a
+        [nx, nf] weight on one core, and by the [nf, nx] copy on all of them (README, Speed).
+        XLA only (it needs an optimization barrier)."""
+        return [tuple(tf.transpose(tf.reshape(conv.w, [-1, conv.nf]))
+                      for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj))
+                for block in self.h]
+
+    def generate(self, prompts, length, **options):
+        """`sample.generate(self, prompts, length, **options)`: the compiled generation
+        functions are kept on the model (`self.generators`), so they are freed with it."""
+        from .sample import generate  # sample.py builds on this module
+        return generate(self, prompts, length, **options)

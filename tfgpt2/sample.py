@@ -1,19 +1,25 @@
 """OpenAI's `src/sample.py` (`top_k_logits`, `top_p_logits`, `sample_sequence`) as one
 XLA-compiled generation loop.
 
-The loop runs over a key/value cache of fixed size written in place (`GPT2` with
-`cache_index`), not the original's growing `tf.concat`. Prompts are left-padded to a length
-bucket and the cache sized to a total-length bucket, so XLA compiles once per (batch size,
-prompt bucket, total bucket), not once per prompt. Nothing here sorts the vocabulary: on a
-CPU a sort of 50,257 logits costs about 10 ms per row, so the k-th largest logit and the
-nucleus threshold are found by bisection, and tokens are drawn by inverse CDF.
+The loop runs over a key/value cache of fixed size written in place
+(`GPT2.call_with_cache`), not the original's growing `tf.concat`. Prompts are left-padded
+to a length bucket and the cache sized to a total-length bucket, so XLA compiles once per
+(batch size, prompt bucket, total bucket), not once per prompt. Nothing here sorts the
+vocabulary: on a CPU a sort of 50,257 logits costs about 10 ms per row, so the k-th largest
+logit and the nucleus threshold are found by bisection, and tokens are drawn by inverse CDF.
+
+The planner (`plan`, `transpose_pays`) and the checks (`check_request`) are TensorFlow ops,
+shared by `generate` (eagerly, where a failed check raises ValueError at once) and the
+SavedModel's `generate` signature (`export.py`, in its graph).
 """
-import weakref
+import logging
+import numbers
 
 import numpy as np
 import tensorflow as tf
 
-from .model import conv1d_layers, past_shape, shape_list, transposed_weights
+from .encoder import EOT_TOKEN
+from .model import past_shape, shape_list
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
 TRANSPOSE_FROM = 16  # new tokens from which generation on a CPU copies the weights transposed
@@ -74,6 +80,13 @@ def top_p_logits(logits, p):
     return tf.cond(tf.cast(p, tf.float32) < 1, _top_p, lambda: logits)
 
 
+@tf.function(jit_compile=True)
+def _uniform(n, seed):
+    """n stateless uniforms for `seed` (a pair), always computed by XLA: TensorFlow's own
+    kernel draws other numbers for the same seed, and generation should not depend on XLA."""
+    return tf.random.stateless_uniform([n], seed=seed, alg="philox")
+
+
 def choose(logits, *, temperature, top_k, top_p, seed):
     """One token per row: greedy at temperature 0, else drawn from softmax(logits / T) after
     top-k then top-p, by inverse CDF with a stateless uniform (`seed` is a pair)."""
@@ -81,73 +94,152 @@ def choose(logits, *, temperature, top_k, top_p, seed):
         filtered = top_p_logits(top_k_logits(logits / temperature, top_k), top_p)
         weights = tf.exp(filtered - tf.reduce_max(filtered, axis=-1, keepdims=True))
         cdf = tf.cumsum(weights, axis=-1)
-        u = tf.random.stateless_uniform(tf.shape(cdf)[:1], seed=seed) * cdf[:, -1]
+        u = _uniform(tf.shape(cdf)[0], seed) * cdf[:, -1]
         token = tf.reduce_sum(tf.cast(cdf <= u[:, None], tf.int32), axis=-1)
         return tf.minimum(token, tf.shape(logits)[-1] - 1)
     return tf.cond(temperature > 0, draw, lambda: tf.argmax(logits, axis=-1, output_type=tf.int32))
 
 
+# ---- the planner and the checks, shared with the SavedModel ------------------------------
+
+def bucket(n, *, minimum=16):
+    """The length bucket for n: the first of 16, 24, 32, 48, 64, 96, ... (powers of two and
+    1.5 times them) that holds it, so that padding wastes less than a third."""
+    size = minimum
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
+def _bucket_of(n, largest):
+    """`bucket(n)` as a tensor, for 1 <= n <= largest."""
+    sizes = tf.constant(sorted({bucket(m) for m in range(1, largest + 1)}))
+    return tf.reduce_min(tf.where(sizes >= n, sizes, sizes[-1]))
+
+
+def plan(longest, length, n_ctx):
+    """(prompt_len, total) for prompts of at most `longest` tokens and `length` new ones: the
+    prompts are left-padded to prompt_len, and the token buffer and cache hold total. For a
+    request that `check_request` passed; ints or int32 tensors."""
+    prompt_len = tf.minimum(_bucket_of(longest, n_ctx), n_ctx)
+    total = tf.minimum(_bucket_of(prompt_len + length, 2 * n_ctx), prompt_len + n_ctx)
+    return prompt_len, total
+
+
+def transpose_pays(length, *, on_cpu, jit_compile=True):
+    """Whether to generate with `GPT2.transposed_weights`: on a CPU, under XLA, from
+    TRANSPOSE_FROM new tokens on, which repay the copy (340 MB for 124M, freed after the call)."""
+    return tf.logical_and(bool(on_cpu and jit_compile), length >= TRANSPOSE_FROM)
+
+
+def _require(ok, message, *data):
+    """A check: eagerly, raises ValueError(message: data) at once when `ok` is not all true;
+    in a graph, an assert op to gate results on (its message and data in the error)."""
+    ok = tf.reduce_all(ok)
+    if tf.executing_eagerly():
+        if not bool(ok):
+            shown = ", ".join(str(np.asarray(d).tolist()) for d in data)
+            raise ValueError(message + (f"; got {shown}" if data else ""))
+        return tf.no_op()
+    return tf.debugging.Assert(ok, [message, *data] if data else [message])
+
+
+def check_request(ids, lengths, length, temperature, top_k, top_p, *, hparams):
+    """The checks of a generation request, each naming what is wrong: `ids` [batch, P]
+    (padding slots hold 0), `lengths` [batch] real tokens per row, `length` new tokens.
+    Overflow-proof: any int32 values pass or fail here, never wrap. Returns ops (graph)."""
+    n_vocab, n_ctx = hparams.n_vocab, hparams.n_ctx
+    lengths64, length64 = tf.cast(lengths, tf.int64), tf.cast(length, tf.int64)
+    bad_id = tf.logical_or(ids < 0, ids >= n_vocab)
+    longest = tf.reduce_max(tf.concat([lengths64, [0]], 0))
+    return [
+        _require(tf.size(lengths) > 0, "there must be at least one prompt"),
+        _require(lengths > 0, "every prompt needs at least one token (use start_token for none)"),
+        _require(tf.logical_not(bad_id), f"token ids must be in [0, n_vocab={n_vocab})",
+                 tf.boolean_mask(ids, bad_id)[:3]),
+        _require(length64 >= 1, "length (max_new_tokens) must be >= 1", length),
+        # prompt + length - 1 <= n_ctx: the last new token is never fed back, as in the original
+        _require(length64 <= n_ctx + 1 - longest,
+                 f"prompt tokens + length (max_new_tokens) - 1 must be <= n_ctx={n_ctx}; "
+                 "longest prompt and length", longest, length),
+        _require(tf.logical_and(tf.math.is_finite(temperature), temperature >= 0),
+                 "temperature must be a finite number >= 0", temperature),
+        _require(top_k >= 0, "top_k must be >= 0", top_k),
+        _require(tf.logical_and(top_p >= 0, top_p <= 1), "top_p must be in [0, 1]", top_p),
+    ]
+
+
+class _ExpectedRetracing(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning for the generation loop,
+    which compiles once per bucket by design; other functions keep it."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not ("retracing" in message and "Generator." in message)
+
+
+tf.get_logger().addFilter(_ExpectedRetracing())
+
+
+# ---- the compiled loop --------------------------------------------------------------------
+
 class Generator:
-    """The compiled generation loop for one model.
+    """The compiled generation loop for one model, kept on it (`generator_for`).
 
     `generate_padded` runs a whole generation as one `tf.function` (XLA when `jit_compile`)
     over left-padded prompts. `start` (the prompt and the first new token) and `resume` (more
-    tokens, up to a count) run it in pieces, to report progress between them. `traces`
-    counts how often any of them was traced, that is compiled.
+    tokens, up to a count) run it in pieces, to report progress between them. Each takes the
+    block weights first: `GPT2.transposed_weights()` or None. `traces` counts how often any of
+    them was traced, that is compiled.
     """
 
     def __init__(self, model, *, jit_compile=True):
         self.model = model
         self.jit_compile = jit_compile
+        self.on_cpu = "CPU" in model.wte.value.device
         self.traces = 0
         self.generate_padded, self.start, self.resume = (
             tf.function(self._counted(f), jit_compile=jit_compile) for f in (self._generate, self._start, self._resume))
-        self.transposed = tf.function(lambda: tuple(
-            tf.transpose(tf.reshape(conv.w, [-1, conv.nf])) for conv in conv1d_layers(model)))
+        self.transposed = tf.function(model.transposed_weights)
 
     def _counted(self, f):
-        """f, counting its traces; its first argument is () or `transposed()` (see there)."""
-        def traced(weights, *args):
+        def traced(*args):
             self.traces += 1
-            with transposed_weights(dict(zip(conv1d_layers(self.model), weights))):
-                return f(*args)
+            return f(*args)
         return traced
 
     def weights_for(self, length):
-        """`transposed()`, each block weight copied as [nf, nx], where that pays: on a CPU
-        under XLA (`model.transposed_weights` says why), for `length` >= TRANSPOSE_FROM new
-        tokens, which repay the copy (340 MB for 124M, freed after the call).
-        Otherwise ()."""
-        on_cpu = "CPU" in self.model.wte.value.device
-        return self.transposed() if self.jit_compile and on_cpu and length >= TRANSPOSE_FROM else ()
+        """`transposed()` where `transpose_pays`, else None."""
+        return self.transposed() if bool(transpose_pays(length, on_cpu=self.on_cpu, jit_compile=self.jit_compile)) \
+            else None
 
-    def _generate(self, prompt, pad, tokens, length, *options):
+    def _generate(self, weights, prompt, pad, tokens, length, *options):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
         whose width T (>= P + length) sizes the cache. `options` are temperature, top_k, top_p,
         seed, eot, stop_at_eot. Returns tokens with the prompt and up to `length` new tokens
         after it (eot after a row stops), and each row's count of new tokens."""
-        state = self._start(prompt, pad, tokens, *options)
-        state = self._resume(state, pad, shape_list(prompt)[1], length, *options)
+        state = self._start(weights, prompt, pad, tokens, *options)
+        state = self._resume(weights, state, pad, shape_list(prompt)[1], length, *options)
         return state["tokens"], state["lengths"]
 
-    def _start(self, prompt, pad, tokens, *options):
+    def _start(self, weights, prompt, pad, tokens, *options):
         """The prompt through the model and the first new token: the state `_resume` continues."""
         hp = self.model.hparams
         batch, prompt_len = shape_list(prompt)
-        cache_shape = past_shape(hparams=hp, batch_size=batch, sequence=shape_list(tokens)[1])
-        cache = [(tf.zeros(cache_shape[:1] + cache_shape[3:]),) * 2 for _ in range(hp.n_layer)]
-        out = self.model(prompt, cache, pad=pad, cache_index=0, last_only=True)
-        state = dict(i=tf.constant(0), token=tf.zeros([batch], tf.int32), cache=out["present"],
+        shape = past_shape(hparams=hp, batch_size=batch, sequence=shape_list(tokens)[1])
+        cache = [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
+        logits, cache = self.model.call_with_cache(prompt, cache, 0, pad=pad, weights=weights)
+        state = dict(i=tf.constant(0), token=tf.zeros([batch], tf.int32), cache=cache,
                      tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
                      done=tf.zeros([batch], tf.bool), lengths=tf.zeros([batch], tf.int32))
-        return _pick(state, out["logits"][:, -1], prompt_len, *options)
+        return _pick(state, logits, prompt_len, *options)
 
-    def _resume(self, state, pad, prompt_len, until, *options):
+    def _resume(self, weights, state, pad, prompt_len, until, *options):
         """Generate from `state` until `until` new tokens, or until every row has stopped."""
         def body(state):
-            out = self.model(state["token"][:, None], state["cache"], pad=pad,
-                             cache_index=prompt_len + state["i"] - 1)
-            return (_pick(dict(state, cache=out["present"]), out["logits"][:, 0], prompt_len, *options),)
+            logits, cache = self.model.call_with_cache(state["token"][:, None], state["cache"],
+                                                       prompt_len + state["i"] - 1, pad=pad, weights=weights)
+            return (_pick(dict(state, cache=cache), logits, prompt_len, *options),)
 
         def cond(state):
             return tf.logical_and(state["i"] < until, tf.logical_not(tf.reduce_all(state["done"])))
@@ -160,61 +252,104 @@ def _pick(state, logits, prompt_len, temperature, top_k, top_p, seed, eot, stop_
     token = choose(logits, temperature=tf.cast(temperature, tf.float32), top_k=top_k, top_p=top_p,
                    seed=tf.stack([seed, tf.cast(i, tf.int64)]))
     token = tf.where(done, eot, token)
-    batch = tf.shape(token)[0]
-    tokens = tf.tensor_scatter_nd_update(
-        state["tokens"], tf.stack([tf.range(batch), tf.fill([batch], prompt_len + i)], axis=1), token)
+    tokens = tf.tensor_scatter_nd_update(state["tokens"], _column(token, prompt_len + i), token)
     return dict(state, i=i + 1, token=token, tokens=tokens,
                 lengths=state["lengths"] + tf.cast(tf.logical_not(done), tf.int32),
                 done=tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot))))
 
 
-_GENERATORS = weakref.WeakKeyDictionary()
+def _column(values, index):
+    """Scatter indices of column `index` for one value per row."""
+    batch = tf.shape(values)[0]
+    return tf.stack([tf.range(batch), tf.fill([batch], index)], axis=1)
 
 
 def generator_for(model, *, jit_compile=True):
-    """The model's `Generator` (one per model and XLA setting, so compiles are reused)."""
-    per_model = _GENERATORS.setdefault(model, {})
-    if jit_compile not in per_model:
-        per_model[jit_compile] = Generator(model, jit_compile=jit_compile)
-    return per_model[jit_compile]
+    """The model's `Generator`, kept in `model.generators` so that it lives and dies with the
+    model (compiles are reused across calls)."""
+    if jit_compile not in model.generators:
+        model.generators[jit_compile] = Generator(model, jit_compile=jit_compile)
+    return model.generators[jit_compile]
 
 
-def bucket(n, *, minimum=16):
-    """The length bucket for n: the first of 16, 24, 32, 48, 64, 96, ... (powers of two and
-    1.5 times them) that holds it, so that padding wastes less than a third."""
-    size = minimum
-    while size < n:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
-    return size
+# ---- the library's entry points ---------------------------------------------------------
+
+def _integer(name, value, *, low=None, high=None):
+    """value as an int, or a ValueError naming `name`: floats, bools and strings are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if high is None and low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and not low <= value < high:
+        raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
+    return value
+
+
+def _real(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _prompt_rows(prompts):
+    """Each prompt as a 1-D int64 array; non-integer ids fail naming the prompt."""
+    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__") or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token lists")
+    rows = []
+    for row, p in enumerate(prompts):
+        try:
+            array = np.asarray(p)
+        except ValueError:
+            raise ValueError(f"prompt {row}: not a flat list of token ids") from None
+        if array.size == 0:
+            array = array.astype(np.int64)
+        if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"prompt {row}: token ids must be a flat list of integers, "
+                             f"got dtype {array.dtype} and shape {list(array.shape)}")
+        rows.append(array.astype(np.int64))
+    return rows
 
 
 def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
-             stop_at_eot=False, eot=50256, jit_compile=True, progress=None, chunk=32):
+             stop_at_eot=False, eot=EOT_TOKEN, jit_compile=True, progress=None, chunk=32):
     """Continue each prompt (a list of token lists, lengths may differ) by up to `length`
     tokens. Returns a list of 1-D arrays, each prompt + its new tokens (cut after `eot`
     where `stop_at_eot`). Each row is generated as if alone (left padding, an attention mask,
     positions counted per row). With `progress`, a callable, the loop runs `chunk` tokens at
-    a time and `progress(n)` is told the number of new tokens so far after each piece."""
+    a time and `progress(n)` is told the number of new tokens so far after each piece.
+
+    Samples depend on `seed` and on the row's place in the batch, not on XLA (`jit_compile`).
+    """
     hp = model.hparams
-    prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
-    _check(prompts, length, hp, temperature=temperature, top_k=top_k, top_p=top_p)
-    batch, longest = len(prompts), max(len(p) for p in prompts)
-    prompt_len = min(bucket(longest), hp.n_ctx)
-    total = min(bucket(prompt_len + length), prompt_len + hp.n_ctx)
-    padded = np.zeros([batch, prompt_len], np.int32)
+    prompts = _prompt_rows(prompts)
+    length = _integer("length", length)
+    top_k = _integer("top_k", top_k)
+    temperature, top_p = _real("temperature", temperature), _real("top_p", top_p)
+    seed = np.random.randint(2**31) if seed is None else _integer("seed", seed, low=0, high=2**63)
+    eot = _integer("eot", eot, low=0, high=hp.n_vocab)
+    lengths = np.array([len(p) for p in prompts])
+    longest = int(lengths.max(initial=0))
+    ids = np.zeros([len(prompts), max(longest, 1)], np.int64)
+    for row, p in enumerate(prompts):
+        ids[row, :len(p)] = p
+    check_request(tf.constant(ids), tf.constant(lengths, tf.int32), tf.constant(min(max(length, -2**31), 2**31 - 1)),
+                  tf.constant(temperature, tf.float32), tf.constant(min(top_k, 2**31 - 1)),
+                  tf.constant(top_p, tf.float32), hparams=hp)
+
+    prompt_len, total = (int(n) for n in plan(longest, length, hp.n_ctx))
+    padded = np.zeros([len(prompts), prompt_len], np.int32)
     for row, p in enumerate(prompts):
         padded[row, prompt_len - len(p):] = p
-    pad = tf.constant([prompt_len - len(p) for p in prompts], tf.int32)
-    if seed is None:
-        seed = np.random.randint(2**31)
+    pad = tf.constant(prompt_len - lengths, tf.int32)
     options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
-               tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(stop_at_eot))
+               tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(bool(stop_at_eot)))
     generator = generator_for(model, jit_compile=jit_compile)
     weights = generator.weights_for(length)
-    buffer = tf.zeros([batch, total], tf.int32)
+    buffer = tf.zeros([len(prompts), total], tf.int32)
     if progress is None:
-        tokens, lengths = generator.generate_padded(weights, tf.constant(padded), pad, buffer, tf.constant(length),
-                                                    *options)
+        tokens, new = generator.generate_padded(weights, tf.constant(padded), pad, buffer, tf.constant(length),
+                                                *options)
     else:
         state = generator.start(weights, tf.constant(padded), pad, buffer, *options)
         while int(state["i"]) < length and not bool(tf.reduce_all(state["done"])):
@@ -222,30 +357,9 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
             until = tf.constant(min(int(state["i"]) + chunk, length))
             state = generator.resume(weights, state, pad, tf.constant(prompt_len), until, *options)
         progress(int(state["i"]))
-        tokens, lengths = state["tokens"], state["lengths"]
-    tokens, lengths = tokens.numpy(), lengths.numpy()
-    return [tokens[row, prompt_len - len(p):prompt_len + lengths[row]] for row, p in enumerate(prompts)]
-
-
-def _check(prompts, length, hp, *, temperature, top_k, top_p):
-    """Inputs are checked here, before XLA, which would clamp bad ids silently."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token (use start_token for none)")
-    if int(length) < 1:
-        raise ValueError(f"length must be >= 1, got {length}")
-    for row, p in enumerate(prompts):
-        bad = p[(p < 0) | (p >= hp.n_vocab)]
-        if bad.size:
-            raise ValueError(f"prompt {row}: token id {bad[0]} out of range [0, n_vocab={hp.n_vocab})")
-        if len(p) + length - 1 > hp.n_ctx:  # the last new token is never fed back, as in the original
-            raise ValueError(f"prompt {row}: {len(p)} tokens + length {length} - 1 exceeds the context "
-                             f"window n_ctx={hp.n_ctx}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    if not 0 <= top_p <= 1:
-        raise ValueError(f"top_p must be in [0, 1], got {top_p}")
+        tokens, new = state["tokens"], state["lengths"]
+    tokens, new = tokens.numpy(), new.numpy()
+    return [tokens[row, prompt_len - len(p):prompt_len + new[row]] for row, p in enumerate(prompts)]
 
 
 def sample_sequence(*, model, length, start_token=None, batch_size=None, context=None,
@@ -260,6 +374,7 @@ def sample_sequence(*, model, length, start_token=None, batch_size=None, context
     if (start_token is None) == (context is None):
         raise ValueError("Specify exactly one of start_token and context!")
     if start_token is not None:
+        batch_size = _integer("batch_size", batch_size, low=1) if batch_size is not None else None
         if batch_size is None:
             raise ValueError("start_token needs batch_size")
         context = [[start_token]] * batch_size

@@ -13,6 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tfgpt2.encoder import EOT_TOKEN  # noqa: E402
 from tfgpt2.export import checkpoint_bytes, export_saved_model, folder_bytes  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def main(argv=None):
     parser.add_argument("--version", type=int, default=1, help="version subfolder (default 1); never overwritten")
     parser.add_argument("--stop_at_eot", action="store_true",
                         help="generate: a row stops after <|endoftext|> (fixed for every request)")
-    parser.add_argument("--eot", type=int, default=50256, help="the <|endoftext|> id (default 50256)")
+    parser.add_argument("--eot", type=int, default=EOT_TOKEN, help=f"the <|endoftext|> id (default {EOT_TOKEN})")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
