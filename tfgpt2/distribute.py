@@ -50,12 +50,11 @@ def make_strategy(name="auto", tpu=None):
 
 
 def can_jit(strategy):
-    """Whether the replicas' steps can be XLA-compiled: not where one process mirrors over
-    several CPU devices (XLA runs them all on CPU:0, away from the other replicas' variables)."""
+    """Whether the replicas' steps can be XLA-compiled: not where the replicas run on CPUs
+    (XLA implements no collectives on a CPU: the gradients' all-reduce could not be inside)."""
     if strategy.num_replicas_in_sync < 2:
         return True
-    devices = strategy.extended.worker_devices  # this process's
-    return len(devices) < 2 or not all("CPU" in d.upper() for d in devices)
+    return not all("CPU" in d.upper() for d in strategy.extended.worker_devices)  # this process's
 
 
 def check_batch(batch_size, strategy):
