@@ -522,7 +522,8 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     except tf.errors.OpError as e:  # a worker that died, memory, ...
         run_dir = os.path.join(args.checkpoint_dir, args.run_name)
-        sys.exit(distribute.failure(e, run_dir, checkpoint_steps(run_dir)))
+        print(distribute.failure(e, run_dir, checkpoint_steps(run_dir)), file=sys.stderr, flush=True)
+        os._exit(1)  # not sys.exit: TensorFlow's teardown can abort after a failed collective
     except KeyboardInterrupt:
         sys.exit(130)
 
