@@ -3,9 +3,10 @@ on the tiny model (2 layers, n_embd 64) with windows of 17 tokens.
 
 Each test compares the weights after STEPS updates with those of one device on the same
 global batches. The optimizer is SGD, whose update is linear in the gradient, so the weights
-differ only by float32 rounding of the gradient sums (measured about 1e-7, TOLERANCE allows
-1e-5 against weight changes of about 1e-2). Adam would divide near-zero gradient components by
-their own magnitude and turn that rounding into differences up to its learning rate.
+differ only by float32 rounding of the gradient sums: max abs difference 2.1e-6 (mirrored) and
+2.5e-6 (two workers) measured, against weight changes up to 0.36; TOLERANCE is 2e-5. Adam
+would divide near-zero gradient components by their own magnitude and turn that rounding
+into differences up to its learning rate.
 """
 import json
 import os
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.slow  # each test starts TensorFlow processes and compi
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 STEPS = 3
-TOLERANCE = 1e-5
+TOLERANCE = 2e-5
 MIRRORED = """
 import sys
 import tensorflow as tf
