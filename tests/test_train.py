@@ -137,7 +137,7 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
              "--accumulate_gradients", "2", "--learning_rate", "1e-3", "--steps", "6", "--lr_schedule", "cosine",
              "--warmup_steps", "2", "--clip_norm", "1", "--weight_decay", "0.1", "--optimizer", "adamw",
              "--save_every", "2", "--max_checkpoints", "2", "--val_every", "3", "--val_batch_count", "2",
-             "--val_fraction", "0.3")
+             "--val_fraction", "0.3", "--no_xla")  # the reference tests above run the XLA step
     whole = run(micro_dir, tmp_path, *flags, run_name="whole")
 
     step = train.Trainer.step
