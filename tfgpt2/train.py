@@ -331,9 +331,11 @@ def train(args, strategy=None):
                disable=not sys.stderr.isatty())
 
     def save():
-        keep = {best["step"]} if best else set()
         with _no_interrupts():
-            save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints, keep=keep)
+            save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints,
+                     keep={best["step"]} if best else ())
+            if best and best["step"] == step:
+                _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
         tqdm.write(f"Saving {run_dir}/model-{step}")
 
     saved = step
@@ -363,7 +365,6 @@ def train(args, strategy=None):
                     best = {"step": step, "val_loss": val_loss}
                     save()
                     saved = step
-                    _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
             if args.save_every > 0 and step % args.save_every == 0 and saved != step:
                 save()
                 saved = step
