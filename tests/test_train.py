@@ -138,7 +138,7 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
              "--warmup_steps", "2", "--clip_norm", "1", "--weight_decay", "0.1", "--optimizer", "adamw",
              "--save_every", "2", "--max_checkpoints", "2", "--val_every", "3", "--val_batch_count", "2",
              "--val_fraction", "0.3", "--no_xla")  # the reference tests above run the XLA step
-    whole = run(micro_dir, tmp_path, *flags, run_name="whole")
+    whole = run(micro_dir, tmp_path, *flags, "--sample_every", "3", "--sample_num", "2", run_name="whole")
 
     step = train.Trainer.step
     calls = []
@@ -167,7 +167,11 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
     names = sorted(os.listdir(run_dir))
     assert [n for n in names if n.startswith("optimizer-")] == ["optimizer-6.data-00000-of-00001", "optimizer-6.index"]
     assert {"counter", "hparams.json", "encoder.json", "vocab.bpe"} <= set(names)
-    assert any(n.startswith("events.out.tfevents") for n in names)
+    assert (run_dir / "samples-6.txt").read_text().count("SAMPLE") == 2
+    events = [n for n in names if n.startswith("events.out.tfevents")]
+    tags = {value.tag for event in tf.compat.v1.train.summary_iterator(str(run_dir / events[0]))
+            for value in event.summary.value}
+    assert {"loss", "learning_rate", "tokens_per_second", "val_loss", "val_perplexity"} <= tags
     assert not [n for n in names if n.startswith(".tmp") or n.endswith(".tmp")]
     tfgpt2.load_model(str(run_dir))
 
