@@ -8,6 +8,7 @@ arrays travel over a pipe: the calling process keeps TensorFlow 2 untouched.
     with Reference("path/to/gpt-2/src", "models/124M") as ref:
         out = ref.model(tokens)                 # {'logits', 'present', 'hidden'} as numpy
         tokens, seconds = ref.sample_sequence(context=tokens[:1], length=20, top_k=1)
+        grads = ref.gradients(windows)["gradients"]   # the forks' loss, tf.gradients per variable
 """
 import os
 import pickle

@@ -68,13 +68,13 @@ class Trainer:
     Built under `strategy`'s scope; the batches come from `strategy.distribute(dataset)`.
     """
 
-    def __init__(self, model, optimizer, *, variables=None, accumulate=1, strategy=None):
+    def __init__(self, model, optimizer, *, variables=None, accumulate=1, strategy=None, jit_compile=True):
         self.model, self.optimizer, self.accumulate = model, optimizer, accumulate
         self.strategy = strategy or tf.distribute.get_strategy()
         self.variables = list(variables if variables is not None else model.trainable_variables)
         with self.strategy.scope():
             optimizer.build(self.variables)
-        jit = distribute.can_jit(self.strategy)
+        jit = jit_compile and distribute.can_jit(self.strategy)
         replica_step = tf.function(self._replica_step, jit_compile=jit)
         replica_loss = tf.function(lambda tokens: window_loss(self.model, tokens), jit_compile=jit)
         self._step = tf.function(lambda batch: self._mean(replica_step, batch))
@@ -245,8 +245,9 @@ def find_start(args):
         step = int(prefix.rsplit("-", 1)[1])
     elif args.restore_from in ("latest", "fresh"):
         if has_checkpoint:
-            raise ValueError(f"{run_dir} already holds checkpoints (up to step {max(checkpoint_steps(run_dir))}); "
-                             "continue it with --restore_from latest, or choose another --run_name")
+            raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
+                             f"{tf.train.latest_checkpoint(run_dir)}); continue it with --restore_from latest, "
+                             "or choose another --run_name")
         source, prefix, step = os.path.join(args.models_dir, args.model_name), None, 0
     else:
         if not os.path.isdir(args.restore_from) and not os.path.isfile(args.restore_from + ".index"):
@@ -321,7 +322,7 @@ def train(args, strategy=None):
                                    clip_norm=args.clip_norm, weight_decay=args.weight_decay,
                                    variables=variables)
     trainer = Trainer(model, optimizer, variables=variables, accumulate=args.accumulate_gradients,
-                      strategy=strategy)
+                      strategy=strategy, jit_compile=not args.no_xla)
     if step and not restore_optimizer(optimizer, run_dir, step):
         tqdm.write(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh")
     optimizer.iterations.assign(step)
@@ -337,9 +338,11 @@ def train(args, strategy=None):
     def save():
         if not chief:
             return
-        keep = {best["step"]} if best else set()
         with _no_interrupts():
-            save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints, keep=keep)
+            save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints,
+                     keep={best["step"]} if best else ())
+            if best and best["step"] == step:
+                _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
         tqdm.write(f"Saving {run_dir}/model-{step}")
 
     saved = step
@@ -369,8 +372,6 @@ def train(args, strategy=None):
                     best = {"step": step, "val_loss": val_loss}
                     save()
                     saved = step
-                    if chief:
-                        _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
             if args.save_every > 0 and step % args.save_every == 0 and saved != step:
                 save()
                 saved = step
@@ -466,7 +467,8 @@ def parser():
     a("--combine", type=_type(int, 1), default=50000,
       help="join text files with <|endoftext|> until at least this many characters per chunk")
     a("--encoding", default="utf-8", help="the text files' encoding")
-    a("--batch_size", type=_type(int, 1), default=1, help="windows per micro-batch in all, split over the replicas of --strategy")
+    a("--batch_size", type=_type(int, 1), default=1,
+      help="windows per micro-batch in all, split over the replicas of --strategy")
     a("--strategy", choices=distribute.STRATEGIES, default="auto",
       help="auto: several GPUs -> mirrored, TF_CONFIG -> multiworker, else one (see tfgpt2/distribute.py)")
     a("--tpu", help="with --strategy tpu: the TPU's name or grpc:// address (empty on a TPU VM)")
@@ -497,6 +499,7 @@ def parser():
     a("--val_batch_size", type=_type(int, 1), default=2)
     a("--val_batch_count", type=_type(int, 1), default=40)
     a("--print_every", type=_type(int, 0), default=1, help="log lines when stderr is not a terminal")
+    a("--no_xla", action="store_true", help="run the step without XLA (compiles faster, runs slower)")
     a("--seed", type=int, default=0, help="draws the windows (and samples)")
     a("--lr_schedule", choices=("constant", "cosine"), default="constant",
       help="cosine: down to a tenth of --learning_rate at --steps")
