@@ -82,7 +82,7 @@ def test_200_prompts_batched_equal_each_prompt_alone_greedy(tiny_dir, tmp_path, 
 
 def test_batches_hold_one_length_bucket_each(tiny_dir, tmp_path):
     src = write_input(tmp_path / "in.jsonl", prompts(200))
-    p, args = generate_batch.arguments(flags(tiny_dir, src, tmp_path / "out.jsonl", "--batch_size", "8"))
+    args = generate_batch.arguments(flags(tiny_dir, src, tmp_path / "out.jsonl", "--batch_size", "8"))
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
     batches = generate_batch.plan(args, enc, 64, 8)
     assert sorted(n for b in batches for n, _, _ in b) == list(range(200))
@@ -115,6 +115,18 @@ def test_torn_and_repeated_rows_are_dropped_and_generated_again(tiny_dir, tmp_pa
     assert generate_batch.main(flags(tiny_dir, src, out, *args), model) == 0
     assert "dropped 3 torn or repeated line(s)" in capsys.readouterr().err
     assert rows(out) == full
+
+
+def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
+    src = write_input(tmp_path / "in.jsonl", prompts(3))
+    out = tmp_path / "out.jsonl"
+    held = generate_batch.lock(str(out))
+    try:
+        assert generate_batch.main(flags(tiny_dir, src, out)) == (
+            f"error: {out}: another generate_batch run is writing it (it holds {out}.lock)")
+    finally:
+        os.close(held)
+    assert not out.exists()
 
 
 @pytest.mark.slow

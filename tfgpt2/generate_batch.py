@@ -58,7 +58,7 @@ def arguments(argv):
     args = p.parse_args(argv)
     if args.seed is None:
         args.seed = int(np.random.randint(2**31))  # one seed for the run, shared by its workers
-    return p, args
+    return args
 
 
 def read_prompts(path):
@@ -139,6 +139,18 @@ def read_done(path, *, repair):
     return done
 
 
+def lock(path):
+    """An exclusive lock on `path`.lock, held by a run (its workers write under it), so that a
+    second run on the same output is refused instead of writing the same lines again."""
+    fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{path}: another generate_batch run is writing it (it holds {path}.lock)") from None
+    return fd
+
+
 def append(path, rows):
     """Append the rows as JSON lines with one write under an exclusive lock, then fsync.
     A torn line left by a writer that died mid-write is ended first, so it stays one bad line."""
@@ -156,8 +168,9 @@ def append(path, rows):
         os.close(fd)
 
 
-def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1):
-    """Generate and append the batches of this worker that have lines not yet done."""
+def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1, parent=None):
+    """Generate and append the batches of this worker that have lines not yet done; a worker
+    of `--workers` (`parent`: the process that started it) stops once that process is gone."""
     todo = [(b, rows) for b, rows in enumerate(batches) if b % workers == worker
             and any(n not in done for n, _, _ in rows)]
     total = sum(len(rows) for _, rows in todo)
@@ -167,6 +180,8 @@ def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1)
     if not todo:
         print(f"{name}no prompts left to generate", file=sys.stderr)
     for b, rows in todo:
+        if parent is not None and os.getppid() != parent:
+            return prompts
         context = [t for _, _, t in rows]
         context += [context[0]] * (args.batch_size - len(context))  # one compiled shape per bucket
         out = generate(model, context, length, temperature=args.temperature, top_k=args.top_k,
@@ -210,8 +225,9 @@ def spawn(argv, args):
 def main(argv=None, model=None):
     """The command; `model`, where given, is --model_name already loaded (else it is loaded here)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    p, args = arguments(argv)
+    args = arguments(argv)
     models_dir = os.path.expanduser(os.path.expandvars(args.models_dir))
+    held = None
     try:
         n_ctx = load_hparams(os.path.join(models_dir, args.model_name)).n_ctx
         enc = get_encoder(args.model_name, models_dir)
@@ -219,11 +235,21 @@ def main(argv=None, model=None):
         if length < 1:
             raise ValueError(f"--length must be at least 1, got {length}")
         batches = plan(args, enc, n_ctx, length)
+        if args.worker is None:
+            held = lock(args.output)
     except (OSError, ValueError) as e:
         return f"error: {e}"
-    worker = args.worker
-    done = read_done(args.output, repair=worker is None)
-    if worker is None and args.workers > 1:
+    try:
+        return run_batches(argv, args, model, enc, length, batches)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def run_batches(argv, args, model, enc, length, batches):
+    """Generate the missing lines, here or in --workers child processes; the exit status."""
+    done = read_done(args.output, repair=args.worker is None)
+    if args.worker is None and args.workers > 1:
         start = time.monotonic()
         status = spawn(argv, args)
         if status == 0:
@@ -233,7 +259,8 @@ def main(argv=None, model=None):
         return status
     if model is None:
         model = load(args, lambda n_ctx: n_ctx // 2)[0]
-    generate_batch(args, model, enc, length, batches, done, worker or 0, args.workers)
+    parent = None if args.worker is None else os.getppid()
+    generate_batch(args, model, enc, length, batches, done, args.worker or 0, args.workers, parent)
     return 0
 
 
