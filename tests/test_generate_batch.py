@@ -122,7 +122,7 @@ def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
     out = tmp_path / "out.jsonl"
     held = generate_batch.lock(str(out))
     try:
-        assert generate_batch.main(flags(tiny_dir, src, out)) == (
+        assert generate_batch.main(flags(tiny_dir, src, out, "--length", "8")) == (
             f"error: {out}: another generate_batch run is writing it (it holds {out}.lock)")
     finally:
         os.close(held)
