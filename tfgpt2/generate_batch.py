@@ -26,7 +26,10 @@ naming the line; --skip_bad counts them on stderr and goes on.
 
 --workers N runs N processes of this command, worker k taking the batches b with
 b % N == k, all appending to --output (one write per batch, under a lock). Where
-CUDA_VISIBLE_DEVICES lists devices, worker k sees only the (k % count)-th of them.
+CUDA_VISIBLE_DEVICES lists devices, worker k sees only the (k % count)-th of them. A worker
+stops when the process that started it is gone; one that fails stops the others.
+
+A run holds <output>.lock: a second run on the same output is refused while it lasts.
 """
 import argparse
 import fcntl
