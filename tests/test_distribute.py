@@ -19,12 +19,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.conftest import ROOT
 from tfgpt2 import distribute, train
 from tfgpt2.checkpoint import load_model
-
-pytestmark = pytest.mark.slow  # each test starts TensorFlow processes and compiles a training step
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 STEPS = 3
@@ -104,6 +103,7 @@ def finish(children, timeout=300):
     return [(child.wait(timeout), *child.communicate()) for child in children]
 
 
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_mirrored_over_two_logical_cpus_equals_one_device(tiny_dir, corpus, tmp_path, one_device):
     done = subprocess.run([sys.executable, "-c", MIRRORED, *flags(tiny_dir, corpus, tmp_path)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
@@ -111,6 +111,7 @@ def test_mirrored_over_two_logical_cpus_equals_one_device(tiny_dir, corpus, tmp_
     assert max_difference(weights(tmp_path / "run"), one_device) <= TOLERANCE
 
 
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_a_global_batch_that_does_not_divide_over_the_replicas_is_refused(tiny_dir, corpus, tmp_path):
     done = subprocess.run([sys.executable, "-c", MIRRORED, *flags(tiny_dir, corpus, tmp_path), "--batch_size", "3"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -118,6 +119,16 @@ def test_a_global_batch_that_does_not_divide_over_the_replicas_is_refused(tiny_d
     assert done.stderr.strip().splitlines()[-1] == (
         "error: --batch_size 3 (the global batch) does not divide over 2 replicas; use a multiple of 2")
     assert not (tmp_path / "run").exists()
+
+
+def test_strategy_names(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert distribute.make_strategy("auto") is tf.distribute.get_strategy()  # one CPU, no cluster
+    assert distribute.make_strategy("one") is tf.distribute.get_strategy()
+    with pytest.raises(ValueError, match="--strategy multiworker needs TF_CONFIG"):
+        distribute.make_strategy("multiworker")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]}}))
+    assert distribute.cluster_size() == 3
 
 
 def test_check_batch_and_chief():
@@ -134,6 +145,7 @@ def test_check_batch_and_chief():
     assert worker("chief", 0, ("chief", "worker")) and not worker("worker", 0, ("chief", "worker"))
 
 
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
     results = finish(start_workers(flags(tiny_dir, corpus, tmp_path)))
     for code, _, err in results:
@@ -145,6 +157,7 @@ def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
         + [f for f in os.listdir(tmp_path / "run") if f.startswith("events.")])
 
 
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_killing_a_worker_stops_the_run_with_its_checkpoint_intact_and_resume_works(
         tiny_dir, corpus, tmp_path, one_device):
     run_dir = tmp_path / "run"
