@@ -22,15 +22,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def parser(module, description, *, nsamples, nsamples_min, nsamples_help, length_help):
-    """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot."""
+def parser(module, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
+    """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot;
+    --nsamples only where `nsamples` has a default."""
     p = Parser(prog=f"python -m {module}", description=description,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name", default="124M", help="which model: the folder <models_dir>/<model_name>")
     p.add_argument("--seed", type=ranged(int, 0, 2**32 - 1),
                    help="fix it to reproduce the samples (default: random); they depend on --batch_size "
                         "too, so keep it the same")
-    p.add_argument("--nsamples", type=ranged(int, nsamples_min), default=nsamples, help=nsamples_help)
+    if nsamples is not None:
+        p.add_argument("--nsamples", type=ranged(int, nsamples_min), default=nsamples, help=nsamples_help)
     p.add_argument("--batch_size", type=ranged(int, 1), default=1,
                    help="samples generated at once: more is faster per sample and takes more memory; "
                         "with --seed another batch size gives other samples (default 1)")

@@ -1,0 +1,184 @@
+"""Fine-tuning under tf.distribute (`tfgpt2/distribute.py`, `python -m tfgpt2.train --strategy`)
+on the tiny model (2 layers, n_embd 64) with windows of 17 tokens.
+
+Each test compares the weights after STEPS updates with those of one device on the same
+global batches. The optimizer is SGD, whose update is linear in the gradient, so the weights
+differ only by float32 rounding of the gradient sums: max abs difference 2.1e-6 (mirrored) and
+2.5e-6 (two workers) measured, against weight changes up to 0.36; TOLERANCE is 2e-5. Adam
+would divide near-zero gradient components by their own magnitude and turn that rounding
+into differences up to its learning rate.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import ROOT
+from tfgpt2 import distribute, train
+from tfgpt2.checkpoint import load_model
+
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+STEPS = 3
+TOLERANCE = 2e-5
+MIRRORED = """
+import sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tfgpt2 import distribute, train
+strategy = distribute.make_strategy("mirrored")
+assert strategy.num_replicas_in_sync == 2, strategy.extended.worker_devices
+sys.argv[0] = "train"
+try:
+    train.train(train.parse_args(sys.argv[1:]), strategy)
+except ValueError as e:
+    sys.exit(f"error: {e}")
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    words = "the a cat sat on mat of time every effort moves you language model tensor flow".split()
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(" ".join(rng.choice(words, 3000)))
+    return str(path)
+
+
+def flags(tiny_dir, corpus, checkpoint_dir, *extra, steps=STEPS):
+    models_dir, name = os.path.split(tiny_dir)
+    return ["--dataset", corpus, "--models_dir", models_dir, "--model_name", name,
+            "--checkpoint_dir", str(checkpoint_dir), "--run_name", "run", "--steps", str(steps),
+            "--batch_size", "4", "--sample_length", "16", "--sample_every", "0", "--save_every", "1",
+            "--optimizer", "sgd", "--learning_rate", "0.5", "--print_every", "1", *extra]
+
+
+def weights(run_dir):
+    return {v.path: v.numpy() for v in load_model(str(run_dir)).weights}
+
+
+def max_difference(a, b):
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def one_device(tiny_dir, corpus, tmp_path_factory):
+    """The weights after STEPS updates on one device (in this process)."""
+    checkpoints = tmp_path_factory.mktemp("one")
+    train.train(train.parse_args(flags(tiny_dir, corpus, checkpoints)))
+    trained = weights(checkpoints / "run")
+    assert max_difference(trained, weights(tiny_dir)) > 1e-3  # the steps changed the weights
+    return trained
+
+
+def free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def start_workers(args):
+    """Two `python -m tfgpt2.train --strategy multiworker` processes on 127.0.0.1."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
+    return [subprocess.Popen([sys.executable, "-m", "tfgpt2.train", "--strategy", "multiworker", *args], cwd=ROOT,
+                             env=dict(ENV, TF_CONFIG=json.dumps({"cluster": cluster,
+                                                                 "task": {"type": "worker", "index": i}})),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+
+
+def finish(children, timeout=300):
+    return [(child.wait(timeout), *child.communicate()) for child in children]
+
+
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
+def test_mirrored_over_two_logical_cpus_equals_one_device(tiny_dir, corpus, tmp_path, one_device):
+    done = subprocess.run([sys.executable, "-c", MIRRORED, *flags(tiny_dir, corpus, tmp_path)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert max_difference(weights(tmp_path / "run"), one_device) <= TOLERANCE
+
+
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
+def test_a_global_batch_that_does_not_divide_over_the_replicas_is_refused(tiny_dir, corpus, tmp_path):
+    done = subprocess.run([sys.executable, "-c", MIRRORED, *flags(tiny_dir, corpus, tmp_path), "--batch_size", "3"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: --batch_size 3 (the global batch) does not divide over 2 replicas; use a multiple of 2")
+    assert not (tmp_path / "run").exists()
+
+
+def test_strategy_names(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert distribute.make_strategy("auto") is tf.distribute.get_strategy()  # one CPU, no cluster
+    assert distribute.make_strategy("one") is tf.distribute.get_strategy()
+    with pytest.raises(ValueError, match="--strategy multiworker needs TF_CONFIG"):
+        distribute.make_strategy("multiworker")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]}}))
+    assert distribute.cluster_size() == 3
+
+
+def test_check_batch_and_chief():
+    two = SimpleNamespace(num_replicas_in_sync=2)
+    distribute.check_batch(4, two)
+    with pytest.raises(ValueError, match="--batch_size 5 .* does not divide over 2 replicas"):
+        distribute.check_batch(5, two)
+
+    def worker(task_type, task_id, jobs=("worker",)):
+        spec = SimpleNamespace(jobs=list(jobs))
+        resolver = SimpleNamespace(task_type=task_type, task_id=task_id, cluster_spec=lambda: spec)
+        return distribute.is_chief(SimpleNamespace(cluster_resolver=resolver))
+    assert worker("worker", 0) and not worker("worker", 1)
+    assert worker("chief", 0, ("chief", "worker")) and not worker("worker", 0, ("chief", "worker"))
+
+
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
+def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
+    results = finish(start_workers(flags(tiny_dir, corpus, tmp_path)))
+    for code, _, err in results:
+        assert code == 0, err
+    assert max_difference(weights(tmp_path / "run"), one_device) <= TOLERANCE
+    assert sorted(os.listdir(tmp_path / "run")) == sorted(
+        ["checkpoint", "counter", "encoder.json", "hparams.json", "vocab.bpe", f"model-{STEPS}.index",
+         f"model-{STEPS}.data-00000-of-00001", f"optimizer-{STEPS}.index", f"optimizer-{STEPS}.data-00000-of-00001"]
+        + [f for f in os.listdir(tmp_path / "run") if f.startswith("events.")])
+
+
+@pytest.mark.slow  # TensorFlow processes, a compiled training step
+def test_killing_a_worker_stops_the_run_with_its_checkpoint_intact_and_resume_works(
+        tiny_dir, corpus, tmp_path, one_device):
+    run_dir = tmp_path / "run"
+    children = start_workers(flags(tiny_dir, corpus, tmp_path, steps=1000))
+    while not (run_dir / "counter").exists() and children[0].poll() is None:
+        time.sleep(0.1)
+    children[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    (code, _, err), (killed, _, _) = finish(children, timeout=200)
+    assert killed == -signal.SIGKILL
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert time.monotonic() - killed_at < 60  # the chief notices (2 s here), it does not hang
+    step = int((run_dir / "counter").read_text())
+    assert lines[-2].startswith("error: training stopped: "), err
+    assert lines[-1] == (f"The last complete checkpoint is {run_dir}/model-{step}; run the same command "
+                         "again (on every worker) to resume from it.")
+    assert train.checkpoint_steps(str(run_dir)) == [step]
+    load_model(str(run_dir))  # complete, and loads
+
+    results = finish(start_workers(flags(tiny_dir, corpus, tmp_path, steps=step + 2)))
+    for code, _, err in results:
+        assert code == 0, err
+    assert int((run_dir / "counter").read_text()) == step + 2

@@ -1,0 +1,164 @@
+"""Bulk generation (`python -m tfgpt2.generate_batch`) on the tiny model (n_ctx 64)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+from tfgpt2 import generate_batch
+from tfgpt2.checkpoint import load_model
+from tfgpt2.encoder import get_encoder
+from tfgpt2.sample import bucket, generate
+
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+WORDS = "the a cat sat on mat of time every effort moves you language model tensor flow".split()
+
+
+def prompts(n, seed=0, words=45):
+    """n prompts of 1 to `words` words (45: mixed lengths, several length buckets)."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(1, words + 1))) for _ in range(n)]
+
+
+def write_input(path, texts):
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    return str(path)
+
+
+def flags(model_dir, src, dst, *extra):
+    models_dir, name = os.path.split(model_dir)
+    return ["--models_dir", models_dir, "--model_name", name, "--input", src, "--output", str(dst), *extra]
+
+
+def rows(path):
+    """The output's rows, checked to hold each line number once."""
+    out = [json.loads(line) for line in open(path)]
+    lines = [r["line"] for r in out]
+    assert len(lines) == len(set(lines)), "a line number appears twice"
+    return {r["line"]: r for r in out}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir):
+    """The tiny model, shared so that XLA compiles each shape once for all tests."""
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_dir, tmp_path_factory, model):
+    """200 prompts and their output from one uninterrupted sampled run. Batch size 1 makes
+    200 batches (time to interrupt a run); short prompts keep to one bucket (one compile)."""
+    tmp = tmp_path_factory.mktemp("sampled")
+    src = write_input(tmp / "in.jsonl", prompts(200, seed=1, words=10))
+    args = ["--length", "8", "--seed", "3", "--batch_size", "1", "--top_k", "40"]
+    assert generate_batch.main(flags(tiny_dir, src, tmp / "full.jsonl", *args), model) == 0
+    return src, args, rows(tmp / "full.jsonl")
+
+
+def test_200_prompts_batched_equal_each_prompt_alone_greedy(tiny_dir, tmp_path, capsys, model):
+    """Batches of 8 through XLA, against each prompt alone without XLA (each compile of the
+    tiny model costs seconds, so prompts of up to 26 words keep to three buckets)."""
+    texts = prompts(200, words=26)
+    src = write_input(tmp_path / "in.jsonl", texts)
+    assert generate_batch.main(flags(tiny_dir, src, tmp_path / "out.jsonl", "--length", "8",
+                                     "--temperature", "0", "--batch_size", "8"), model) == 0
+    assert "200/200 prompts" in capsys.readouterr().err
+    got = rows(tmp_path / "out.jsonl")
+    assert sorted(got) == list(range(200))
+    enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
+    assert len({bucket(len(enc.encode(text))) for text in texts}) == 3
+    for n, text in enumerate(texts):
+        context = enc.encode(text)
+        alone = generate(model, [context], 8, temperature=0, jit_compile=False)[0][len(context):].tolist()
+        assert got[n]["prompt"] == text
+        assert got[n]["tokens"] == alone, f"line {n}"
+        assert got[n]["text"] == enc.decode(alone)
+
+
+def test_batches_hold_one_length_bucket_each(tiny_dir, tmp_path):
+    src = write_input(tmp_path / "in.jsonl", prompts(200))
+    args = generate_batch.arguments(flags(tiny_dir, src, tmp_path / "out.jsonl", "--batch_size", "8"))
+    enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
+    batches = generate_batch.plan(args, enc, 64, 8)
+    assert sorted(n for b in batches for n, _, _ in b) == list(range(200))
+    assert all(len({bucket(len(t)) for _, _, t in b}) == 1 and len(b) <= 8 for b in batches)
+    assert len({bucket(len(b[0][2])) for b in batches}) >= 3  # mixed lengths: several buckets
+    assert sum(len(b) < 8 for b in batches) <= len({bucket(len(b[0][2])) for b in batches})
+
+
+def test_killed_run_resumed_has_every_line_once_and_the_same_text(tiny_dir, tmp_path, sampled, model):
+    src, args, full = sampled
+    out = tmp_path / "out.jsonl"
+    child = subprocess.Popen([sys.executable, "-m", "tfgpt2.generate_batch", *flags(tiny_dir, src, out, *args)],
+                             cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    while child.poll() is None and (not out.exists() or out.read_bytes().count(b"\n") < 20):
+        time.sleep(0.002)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, child.stderr.read()
+    written = len(rows(out))
+    assert 20 <= written < 200
+    assert generate_batch.main(flags(tiny_dir, src, out, *args), model) == 0
+    assert rows(out) == full
+
+
+def test_torn_and_repeated_rows_are_dropped_and_generated_again(tiny_dir, tmp_path, sampled, capsys, model):
+    src, args, full = sampled
+    out = tmp_path / "out.jsonl"
+    lines = [json.dumps(full[n]) + "\n" for n in range(60)]
+    out.write_text("".join(lines) + lines[3] + lines[3][:-1] + lines[5] + json.dumps(full[70])[:25])
+    assert generate_batch.main(flags(tiny_dir, src, out, *args), model) == 0
+    assert "dropped 3 torn or repeated line(s)" in capsys.readouterr().err
+    assert rows(out) == full
+
+
+def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
+    src = write_input(tmp_path / "in.jsonl", prompts(3))
+    out = tmp_path / "out.jsonl"
+    held = generate_batch.lock(str(out))
+    try:
+        assert generate_batch.main(flags(tiny_dir, src, out, "--length", "8")) == (
+            f"error: {out}: another generate_batch run is writing it (it holds {out}.lock)")
+    finally:
+        os.close(held)
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_rows_of_one_process(tiny_dir, tmp_path, sampled):
+    src, args, full = sampled
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run([sys.executable, "-m", "tfgpt2.generate_batch", *flags(tiny_dir, src, out, *args),
+                           "--workers", "2"], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "worker 0/2:" in done.stderr and "worker 1/2:" in done.stderr
+    assert rows(out) == full
+
+
+def test_bad_lines_are_named_or_skipped_with_a_count(tiny_dir, tmp_path, capsys, model):
+    bad = {2: ('{"prompt": "unclosed', "not valid JSON"),
+           3: ('["a list"]', 'not a JSON object with a string "prompt"'),
+           4: ('{"text": "no prompt key"}', 'not a JSON object with a string "prompt"'),
+           5: ('{"prompt": ""}', "empty prompt"),
+           6: (json.dumps({"prompt": " ".join(["cat"] * 58)}),
+               "prompt of 58 tokens + --length 8 - 1 exceeds the context window n_ctx=64")}
+    src = tmp_path / "in.jsonl"
+    good = json.dumps({"prompt": " ".join(["cat"] * 57)})  # 57 + 8 - 1 = 64 tokens fit
+    src.write_text('{"prompt": "first"}\n\n' + "".join(line + "\n" for line, _ in bad.values()) + good + "\n")
+    out = tmp_path / "out.jsonl"
+    message = generate_batch.main(flags(tiny_dir, str(src), out, "--length", "8"))
+    assert message == f"error: {src}:3 (line 2 counted from 0): not valid JSON (Unterminated string starting " \
+                      "at: line 1 column 12 (char 11)) (--skip_bad skips such lines)"
+    assert not out.exists()
+    assert generate_batch.main(flags(tiny_dir, str(src), out, "--length", "8", "--batch_size", "1", "--skip_bad"),
+                               model) == 0
+    err = capsys.readouterr().err
+    for n, (_, problem) in bad.items():
+        assert f"skipped {src}:{n + 1} (line {n} counted from 0): {problem}" in err
+    assert "skipped 5 bad line(s)" in err
+    assert sorted(rows(out)) == [0, 7]
