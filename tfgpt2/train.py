@@ -65,7 +65,7 @@ class Trainer:
 
     `step(tokens)` takes the windows of one update, [accumulate * batch, length] per replica,
     splits them into `accumulate` micro-batches, averages their gradients and applies them.
-    Built under `strategy`'s scope; the batches come from `strategy.distribute(dataset)`.
+    Built under `strategy`'s scope; the batches come from `trainer.distribute(dataset)`.
     """
 
     def __init__(self, model, optimizer, *, variables=None, accumulate=1, strategy=None, jit_compile=True):
@@ -74,28 +74,37 @@ class Trainer:
         self.variables = list(variables if variables is not None else model.trainable_variables)
         with self.strategy.scope():
             optimizer.build(self.variables)
-        replica_step = tf.function(self._replica_step, jit_compile=jit_compile)
-        replica_loss = tf.function(lambda tokens: window_loss(self.model, tokens), jit_compile=jit_compile)
-        self._step = tf.function(lambda batch: self._mean(replica_step, batch))
-        self._loss = tf.function(lambda batch: self._mean(replica_loss, batch))
+        # XLA compiles the forward and backward passes; the update runs outside it, where a
+        # strategy's optimizer can reach every replica's copy of the variables.
+        # Each compiled function is called from a plain per-replica function, which places it
+        # on that replica's device.
+        self._gradients = tf.function(self._accumulated_gradients, jit_compile=jit_compile)
+        self._window_loss = tf.function(lambda tokens: window_loss(model, tokens), jit_compile=jit_compile)
+        self._step = tf.function(lambda batch: self._mean(self._replica_step, batch))
+        self._loss = tf.function(lambda batch: self._mean(lambda tokens: self._window_loss(tokens), batch))
 
     def _mean(self, fn, batch):
         return self.strategy.reduce("MEAN", self.strategy.run(fn, args=(batch,)), axis=None)
 
-    def _gradients(self, tokens):
+    def _loss_and_gradients(self, tokens):
         with tf.GradientTape() as tape:
             loss = window_loss(self.model, tokens)
             scaled = loss / self.strategy.num_replicas_in_sync  # the optimizer sums over replicas
         return loss, [tf.convert_to_tensor(g) for g in tape.gradient(scaled, self.variables)]
 
-    def _replica_step(self, tokens):
+    def _accumulated_gradients(self, tokens):
+        """The mean loss and gradients of `accumulate` micro-batches of `tokens`."""
         micro = tf.reshape(tokens, [self.accumulate, -1, tokens.shape[-1]])
-        loss, grads = self._gradients(micro[0])
+        loss, grads = self._loss_and_gradients(micro[0])
         for i in tf.range(1, self.accumulate):
-            more_loss, more = self._gradients(micro[i])
+            more_loss, more = self._loss_and_gradients(micro[i])
             loss, grads = loss + more_loss, [a + b for a, b in zip(grads, more)]
         if self.accumulate > 1:
             loss, grads = loss / self.accumulate, [g / self.accumulate for g in grads]
+        return loss, grads
+
+    def _replica_step(self, tokens):
+        loss, grads = self._gradients(tokens)
         self.optimizer.apply_gradients(zip(grads, self.variables))
         return loss
 
@@ -348,7 +357,7 @@ def train(args, strategy=None):
             seconds = time.perf_counter() - start
             history.append((step, loss))
             avg = [avg[0] * 0.99 + loss, avg[1] * 0.99 + 1]
-            lr = float(_current_lr(optimizer))
+            lr = _current_lr(optimizer)
             tokens_per_s = per_step * args.sample_length / seconds
             _log(writer, step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_s)
             bar.update(1)
@@ -401,8 +410,9 @@ class _no_interrupts:
 
 
 def validate(trainer, batches):
-    """The mean loss over the validation batches."""
-    return float(np.mean([float(trainer.loss(tf.constant(b))) for b in batches]))
+    """The mean loss over the validation batches [count, batch, length], each split over the replicas."""
+    dataset = trainer.distribute(tf.data.Dataset.from_tensor_slices(batches))
+    return float(np.mean([float(trainer.loss(batch)) for batch in dataset]))
 
 
 def write_samples(model, enc, args, run_dir, step):
@@ -417,8 +427,7 @@ def write_samples(model, enc, args, run_dir, step):
 
 
 def _current_lr(optimizer):
-    lr = optimizer.learning_rate
-    return lr(optimizer.iterations) if callable(lr) else lr
+    return float(tf.convert_to_tensor(optimizer.learning_rate))  # the schedule's value where there is one
 
 
 def _log(writer, step, **scalars):
