@@ -14,6 +14,7 @@ variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`
 beside the latest model, `best.json` where validation runs, `samples-<step>.txt`.
 """
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -417,24 +418,21 @@ def train(args, strategy=None):
     return history
 
 
-class _no_interrupts:
-    """Ctrl-C waits until the checkpoint is written, then takes effect."""
-
-    def __enter__(self):
-        self.pending = False
-        try:
-            self.previous = signal.signal(signal.SIGINT, self._note)
-        except ValueError:  # not the main thread
-            self.previous = None
-
-    def _note(self, *_):
-        self.pending = True
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            if self.pending:
-                raise KeyboardInterrupt
+@contextlib.contextmanager
+def _no_interrupts():
+    """Ctrl-C waits until the block (writing a checkpoint) is done, then takes effect."""
+    pending = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
+    except ValueError:  # not the main thread: signals go elsewhere anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def validate(trainer, batches):
