@@ -1,6 +1,9 @@
 """Fine-tuning against OpenAI's graph: the forks' loss and `tf.gradients`, TF1's AdamOptimizer,
 run folders that OpenAI's code restores, accumulation, resume, and bad input."""
+import ast
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -176,9 +179,40 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
     tfgpt2.load_model(str(run_dir))
 
 
+MIRRORED = """
+import sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tfgpt2 import train
+for strategy, batch in [(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), "1"), (None, "2")]:
+    print(train.train(train.parse_args(sys.argv[1:] + ["--batch_size", batch, "--run_name", batch]), strategy))
+"""
+
+
+def test_two_replicas_of_batch_1_equal_one_device_of_batch_2(micro_dir, tmp_path):
+    """The strategy passed to train() builds the model and distributes the batches; here
+    a MirroredStrategy over two logical CPUs (a fresh process: devices are set before use)."""
+    argv = ["--models_dir", os.path.dirname(micro_dir), "--model_name", "micro", "--checkpoint_dir",
+            str(tmp_path), "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2",
+            "--sample_every", "0", "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), "--no_xla"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=root,
+                         env=dict(os.environ, PYTHONPATH=root))
+    assert out.returncode == 0, out.stderr[-3000:]
+    mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
+    np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
+    a, b = weights_of(tmp_path / "1"), weights_of(tmp_path / "2")
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
+
+
 def test_only_train_transformer_layers_leaves_embeddings_unchanged(micro_dir, tmp_path):
+    """Also: Adafactor, and --restore_from a model folder."""
     run(micro_dir, tmp_path, "--dataset", ids_npz(tmp_path / "d.npz", random_ids(40)), "--steps", "2",
-        "--learning_rate", "1e-2", "--only_train_transformer_layers", "--no_xla")
+        "--learning_rate", "1e-2", "--only_train_transformer_layers", "--no_xla", "--optimizer", "adafactor",
+        "--model_name", "elsewhere", "--restore_from", micro_dir)
+    assert (tmp_path / "checkpoint" / "run1" / "vocab.bpe").read_bytes() == open(f"{micro_dir}/vocab.bpe", "rb").read()
     before, after = weights_of(micro_dir), weights_of(tmp_path / "checkpoint" / "run1")
     for name in ("model/wte", "model/wpe", "model/ln_f/g", "model/ln_f/b"):
         np.testing.assert_array_equal(before[name], after[name], err_msg=name)

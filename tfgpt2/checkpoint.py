@@ -99,23 +99,21 @@ def load_weights(model, path):
 
 def _restore(model, prefix, source):
     """Each variable from the checkpoint tensor `source` maps its name to."""
-    def read(variable, name):
-        return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
-                                    dtypes=[variable.dtype])[0]
-
     @tf.function(reduce_retracing=True)
     def restore(variable, name):
         # Inside a graph the restored tensor has no other owner, so the assignment takes its
         # buffer instead of copying it: peak memory is the weights plus one tensor.
-        variable.assign(read(variable, name))
+        variable.assign(tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
+                                             dtypes=[variable.dtype])[0])
 
     for variable in model.weights:
         name = source[variable.path]
+        # A variable mirrored by a tf.distribute strategy is restored copy by copy: given the
+        # mirrored variable itself, `restore` would reuse one variable's trace for all of a shape.
+        copies = getattr(variable.value, "values", (variable.value,))
         try:
-            if tf.distribute.has_strategy():  # the traced restore mixes up mirrored variables
-                variable.assign(read(variable, tf.constant(name)))
-            else:
-                restore(variable.value, tf.constant(name))
+            for copy in copies:
+                restore(copy, tf.constant(name))
         except tf.errors.OpError as e:
             raise CheckpointError(f"{prefix}.data-00000-of-00001: cannot read tensor {name!r} "
                                   f"(truncated or corrupt?): {_message(e)}") from None

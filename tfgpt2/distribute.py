@@ -49,14 +49,6 @@ def make_strategy(name="auto", tpu=None):
     raise ValueError(f"--strategy {name}: expected one of {', '.join(STRATEGIES)}")
 
 
-def can_jit(strategy):
-    """Whether the replicas' steps can be XLA-compiled: not where the replicas run on CPUs
-    (XLA implements no collectives on a CPU: the gradients' all-reduce could not be inside)."""
-    if strategy.num_replicas_in_sync < 2:
-        return True
-    return not all("CPU" in d.upper() for d in strategy.extended.worker_devices)  # this process's
-
-
 def check_batch(batch_size, strategy):
     """`batch_size` windows per (micro-)batch in all, split evenly over the replicas."""
     replicas = strategy.num_replicas_in_sync
