@@ -185,17 +185,18 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from tfgpt2 import train
-for strategy, batch in [(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), "1"), (None, "2")]:
-    print(train.train(train.parse_args(sys.argv[1:] + ["--batch_size", batch, "--run_name", batch]), strategy))
+for run, strategy in [("1", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])), ("2", None)]:
+    print(train.train(train.parse_args(sys.argv[1:] + ["--batch_size", "2", "--run_name", run]), strategy))
 """
 
 
-def test_two_replicas_of_batch_1_equal_one_device_of_batch_2(micro_dir, tmp_path):
-    """The strategy passed to train() builds the model and distributes the batches; here
-    a MirroredStrategy over two logical CPUs (a fresh process: devices are set before use)."""
+def test_two_replicas_equal_one_device(micro_dir, tmp_path):
+    """The strategy passed to train() builds the model and splits the global batch of 2; here
+    a MirroredStrategy over two logical CPUs (a fresh process: devices are set before use),
+    each replica's gradients compiled by XLA."""
     argv = ["--models_dir", os.path.dirname(micro_dir), "--model_name", "micro", "--checkpoint_dir",
             str(tmp_path), "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2",
-            "--sample_every", "0", "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), "--no_xla"]
+            "--sample_every", "0", "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH)]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=root,
                          env=dict(os.environ, PYTHONPATH=root))
