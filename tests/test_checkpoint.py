@@ -56,6 +56,7 @@ def test_save_roundtrip_and_layout(tiny_dir, tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+@pytest.mark.slow
 def test_saved_checkpoint_restores_in_reference(tiny_dir, tmp_path):
     require_reference()
     model = load_model(tiny_dir)
@@ -190,6 +191,7 @@ def test_interrupted_save_leaves_no_file(tiny_dir, tmp_path, monkeypatch):
     assert os.listdir(out) == []
 
 
+@pytest.mark.slow
 def test_loading_124m_keeps_no_second_copy(gpt2_124m_dir):
     """Peak memory while loading, measured in a fresh process (VmHWM - VmRSS before)."""
     script = f"""

@@ -12,6 +12,8 @@ from tfgpt2 import compare
 from tfgpt2.checkpoint import load_model
 from tools.compare_reference import main
 
+pytestmark = pytest.mark.slow  # the reference and the notebook in fresh processes
+
 TOOL = ROOT / "tools" / "compare_reference.py"
 NOTEBOOK = ROOT / "notebooks" / "compare_with_reference.ipynb"
 

@@ -181,6 +181,7 @@ def test_hf_sharded_index(hf_dir, tmp_path):
     assert_same(read(folder, "hf"), read(hf_dir, "hf"))
 
 
+@pytest.mark.slow
 def test_hf_transformers_gives_the_same_logits(std01_dir, tmp_path):
     """Optional: needs torch and transformers, in this interpreter or in the one
     TFGPT2_HF_PYTHON names. HF runs in a child process: torch and TensorFlow in one process
@@ -215,6 +216,7 @@ def test_openai_kerashub_openai_is_bit_identical(tiny_dir, tmp_path):
     assert_same(read(tiny_dir, "openai"), read(tmp_path / "back", "openai"))
 
 
+@pytest.mark.slow
 def test_kerashub_from_preset_gives_the_same_logits_and_its_own_presets_read_back(std01_dir, tmp_path):
     """Optional: needs keras-hub (pip install keras-hub)."""
     if importlib.util.find_spec("keras_hub") is None:
@@ -266,6 +268,7 @@ def test_write_is_atomic(tiny_dir, tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "hf") == []
 
 
+@pytest.mark.slow
 def test_command_line(tiny_dir, tmp_path, capsys):
     models_dir, name = os.path.split(tiny_dir)
     assert convert_cli.main(["--from", "openai", "--to", "hf", "--models_dir", models_dir, name,
@@ -283,6 +286,7 @@ def test_command_line(tiny_dir, tmp_path, capsys):
     assert "nowhere: no such folder" in child.stderr
 
 
+@pytest.mark.slow
 def test_model_names_resolve_models_dir_and_say_how_to_download(tiny_dir, tmp_path, monkeypatch):
     models_dir, name = os.path.split(tiny_dir)
     assert load_model(name, models_dir=models_dir).hparams.n_layer == 2

@@ -25,6 +25,8 @@ from tests.conftest import ROOT
 from tfgpt2 import distribute, train
 from tfgpt2.checkpoint import load_model
 
+pytestmark = pytest.mark.slow  # several TensorFlow processes
+
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 STEPS = 3
 TOLERANCE = 2e-5
@@ -103,7 +105,6 @@ def finish(children, timeout=300):
     return [(child.wait(timeout), *child.communicate()) for child in children]
 
 
-@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_mirrored_over_two_logical_cpus_equals_one_device(tiny_dir, corpus, tmp_path, one_device):
     done = subprocess.run([sys.executable, "-c", MIRRORED, *flags(tiny_dir, corpus, tmp_path)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
@@ -111,7 +112,6 @@ def test_mirrored_over_two_logical_cpus_equals_one_device(tiny_dir, corpus, tmp_
     assert max_difference(weights(tmp_path / "run"), one_device) <= TOLERANCE
 
 
-@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_a_global_batch_that_does_not_divide_over_the_replicas_is_refused(tiny_dir, corpus, tmp_path):
     done = subprocess.run([sys.executable, "-c", MIRRORED, *flags(tiny_dir, corpus, tmp_path), "--batch_size", "3"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -145,7 +145,6 @@ def test_check_batch_and_chief():
     assert worker("chief", 0, ("chief", "worker")) and not worker("worker", 0, ("chief", "worker"))
 
 
-@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
     results = finish(start_workers(flags(tiny_dir, corpus, tmp_path)))
     for code, _, err in results:
@@ -157,7 +156,6 @@ def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
         + [f for f in os.listdir(tmp_path / "run") if f.startswith("events.")])
 
 
-@pytest.mark.slow  # TensorFlow processes, a compiled training step
 def test_killing_a_worker_stops_the_run_with_its_checkpoint_intact_and_resume_works(
         tiny_dir, corpus, tmp_path, one_device):
     run_dir = tmp_path / "run"

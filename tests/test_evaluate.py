@@ -38,6 +38,7 @@ def _reference_losses(ref, tokens, n_ctx, stride):
     return losses
 
 
+@pytest.mark.slow
 def test_evaluate_equals_the_reference_mean_loss(tiny_dir, tmp_path, capsys):
     enc = tfgpt2.get_encoder("tiny", tiny_dir.rsplit("/", 1)[0])
     tokens = [enc.eot_token] + enc.encode(TEXT)

@@ -21,6 +21,8 @@ from tfgpt2.reference import Reference
 from tfgpt2.sample import generate
 from tools.export_saved_model import main as export_main
 
+pytestmark = pytest.mark.slow  # SavedModels exported and served in fresh processes
+
 SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
 CHILD = """

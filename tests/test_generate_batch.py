@@ -15,6 +15,8 @@ from tfgpt2.checkpoint import load_model
 from tfgpt2.encoder import get_encoder
 from tfgpt2.sample import bucket, generate
 
+pytestmark = pytest.mark.slow  # compiled generation over many prompts, processes
+
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 WORDS = "the a cat sat on mat of time every effort moves you language model tensor flow".split()
 
@@ -129,7 +131,6 @@ def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.slow
 def test_two_workers_give_the_rows_of_one_process(tiny_dir, tmp_path, sampled):
     src, args, full = sampled
     out = tmp_path / "out.jsonl"

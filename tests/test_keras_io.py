@@ -15,6 +15,8 @@ from tfgpt2.hparams import default_hparams
 from tfgpt2.model import MLP, Attention, Block, Conv1D, Norm
 from tfgpt2.params import breakdown
 
+pytestmark = pytest.mark.slow  # Keras files loaded in fresh processes
+
 HP = dict(n_vocab=100, n_ctx=16, n_embd=32, n_head=4, n_layer=2)
 TOKENS = np.array([[5, 17, 99, 0, 42], [1, 2, 3, 4, 5]], dtype=np.int32)
 

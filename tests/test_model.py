@@ -32,6 +32,7 @@ def pair(request):
         yield load_model(model_dir), ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", [1, 4, 17])
 def test_logits_and_present_match_reference(pair, length):
     model, ref = pair
@@ -44,6 +45,7 @@ def test_logits_and_present_match_reference(pair, length):
     assert_close(ours["present"], theirs["present"], "present")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", [1, 6])
 def test_past_matches_reference(pair, split):
     """A prompt fed in two calls, the second with `past`, against the reference fed the same past."""
@@ -59,6 +61,7 @@ def test_past_matches_reference(pair, split):
     assert_close(ours["logits"], whole["logits"].numpy()[:, split:], "logits with past vs without")
 
 
+@pytest.mark.slow
 def test_124m_batch_of_two_4_token_texts(gpt2_124m_dir):
     model = load_model(gpt2_124m_dir)
     tokens = np.array([[6109, 3626, 6100, 345], [6109, 1110, 6622, 257]])
@@ -130,6 +133,7 @@ def test_input_longer_than_context_raises(small_model):
     assert traced(tf.zeros([1, 16], tf.int32)).shape == (1, 16, 100)
 
 
+@pytest.mark.slow
 def test_compiled_call_poisons_rows_it_cannot_refuse(small_model):
     """Under XLA asserts are dropped and tf.gather clamps; a bad row comes out NaN, the
     others as computed without it."""

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, TINY
 from tfgpt2.hparams import default_hparams, published_hparams
 from tools.make_checkpoint import make_checkpoint
@@ -37,6 +39,7 @@ def test_readme_setup_and_ci_install_the_package():
     assert installs[-2:] == [".venv/bin/pip install -q -r requirements.txt", ".venv/bin/pip install -q -e ."], ci
 
 
+@pytest.mark.slow
 def test_readme_example_runs_outside_the_repository(tmp_path):
     """pip installs a copy of the package (pyproject.toml and tfgpt2/ only), and the README's
     example runs verbatim in a folder of its own with a random "124M" of the tiny shape;

@@ -25,12 +25,14 @@ def test_breakdown_totals(name):
     assert rows["output layer, untied"] == 50257 * published_hparams(name).n_embd
 
 
+@pytest.mark.slow
 def test_built_124m_model_counts_shared_variable_once():
     hp = published_hparams("124M")
     assert count_params(GPT2(hp)) == 124_439_808
     assert count_params(GPT2(hp, tie_embeddings=False)) == 163_037_184
 
 
+@pytest.mark.slow
 def test_cli_prints_breakdown(tiny_dir):
     out = subprocess.run([sys.executable, "-m", "tfgpt2.params", "--model_name", "124M"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout

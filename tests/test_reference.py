@@ -11,6 +11,8 @@ from tfgpt2.checkpoint import load_model
 from tfgpt2.compare import greedy
 from tfgpt2.reference import Reference, ReferenceError
 
+pytestmark = pytest.mark.slow  # the reference in a child process
+
 TOKENS = np.array([[6109, 3626, 6100, 345], [6109, 1110, 6622, 257]], np.int32)
 
 

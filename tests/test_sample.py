@@ -37,6 +37,7 @@ def greedy_uncached(model, prompt, length):
 
 # ---- against the reference --------------------------------------------------------------
 
+@pytest.mark.slow
 def test_greedy_matches_reference_124m(gpt2_124m_dir):
     """Batch 2, 64 new tokens; the reference's sample_sequence only runs at batch 1 (its
     top_p_logits fails above), so each of our rows is compared with the reference on that row."""
@@ -62,6 +63,7 @@ def empty_cache(hp, batch, size):
     return [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pad", [0, 3])
 def test_cached_steps_equal_full_forward(tiny, pad):
     """Prefill then one token at a time through the fixed-size cache, at every position,
@@ -88,6 +90,7 @@ def test_past_is_the_originals_and_generation_leaves_it_alone(tiny):
         tiny(tokens[:, 4:], empty_cache(tiny.hparams, 1, 8))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_compiled_greedy_equals_uncached_greedy(tiny, jit_compile):
     prompt = prompts_for(2, [4])[0]
@@ -95,6 +98,7 @@ def test_compiled_greedy_equals_uncached_greedy(tiny, jit_compile):
     assert ours.tolist() == greedy_uncached(tiny, prompt, 20)
 
 
+@pytest.mark.slow
 def test_transposed_weights_give_the_same_logits(wide_dir):
     """The [nf, nx] copies generation multiplies by on a CPU: prefill and one cached step under
     XLA, against the model's own weights (on any device: the layout is passed explicitly)."""
@@ -125,6 +129,7 @@ def test_transpose_policy():
     assert not bool(transpose_pays(100, on_cpu=True, jit_compile=False))
 
 
+@pytest.mark.slow
 def test_generation_uses_transposed_weights_where_they_pay(wide_dir):
     model = load_model(wide_dir)
     gen = generator_for(model)
@@ -144,6 +149,7 @@ def test_generation_uses_transposed_weights_where_they_pay(wide_dir):
         assert row.tolist() == greedy_uncached(model, prompt, 40)
 
 
+@pytest.mark.slow
 def test_compiled_functions_live_and_die_with_the_model(tiny_dir):
     """A model that has generated is freed once dropped: its Generator is kept on it."""
     model = load_model(tiny_dir)
@@ -165,6 +171,7 @@ def test_temperature_zero_is_greedy(tiny):
 
 # ---- batches of different lengths and compiles -----------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["tiny_dir", "wide_dir"])
 def test_variable_length_batch_rows_equal_rows_alone(folder, request):
     model = load_model(request.getfixturevalue(folder))
@@ -176,6 +183,7 @@ def test_variable_length_batch_rows_equal_rows_alone(folder, request):
         assert row[:len(prompt)].tolist() == prompt
 
 
+@pytest.mark.slow
 def test_one_compile_per_bucket(tiny):
     gen = generator_for(tiny)
     before = gen.traces
@@ -186,6 +194,7 @@ def test_one_compile_per_bucket(tiny):
     assert gen.traces - before == 2
 
 
+@pytest.mark.slow
 def test_stop_at_eot_per_row(tiny):
     prompts = prompts_for(5, [3, 6])
     free = generate(tiny, prompts, 15, top_k=1)
@@ -198,6 +207,7 @@ def test_stop_at_eot_per_row(tiny):
     assert len(rows[0]) == 3 + 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_at_eot", [False, True])
 def test_generation_in_pieces_with_progress(tiny, stop_at_eot):
     """`progress` runs the loop a chunk at a time: same tokens, counts that grow to the end."""
@@ -257,6 +267,7 @@ def draws(logits, n, **kwargs):
     return tf.function(choose, jit_compile=True)(batch, **args).numpy()
 
 
+@pytest.mark.slow
 def test_samples_lie_in_top_k_and_nucleus():
     logits = np.random.default_rng(0).normal(size=300).astype(np.float32) * 2
     in_top_k = set(np.argsort(-logits)[:10].tolist())
@@ -280,6 +291,7 @@ def filtered_softmax(logits, keep):
     return p / p.sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.8), (8, 0.7)])
 def test_distribution_matches_filtered_softmax(top_k, top_p):
     """20,000 draws with top-k, top-p or both against the softmax renormalised over the kept
@@ -305,6 +317,7 @@ def test_distribution_test_rejects_a_greedy_sampler():
     assert chi_square(counts, filtered_softmax(logits.astype(np.float64), kept)) > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0])
 def test_distribution_matches_softmax(temperature):
     """Chi-square test of 40,000 draws over 12 tokens against softmax(logits / T)."""
@@ -316,6 +329,7 @@ def test_distribution_matches_softmax(temperature):
     assert chi2 < 31.26, f"chi-square {chi2:.1f} >= 31.26 (df 11, p = 0.001)"
 
 
+@pytest.mark.slow
 def test_seed_reproducible_and_seeds_differ(tiny):
     prompts = prompts_for(6, [4, 4])
     a = generate(tiny, prompts, 16, seed=123)
@@ -382,6 +396,7 @@ def test_refused_request_returns_at_once(tiny):
 VALUES = [0, 1, 3, -1, 2.5, float("nan"), float("inf"), 2**31 - 1, 2**63, True, "x", None]
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(context=st.lists(st.lists(st.sampled_from([0, 5, 50256, 50257, -1, 1.5]), min_size=0, max_size=4),
                         min_size=0, max_size=2),

@@ -17,6 +17,8 @@ from tfgpt2.checkpoint import load_model
 from tfgpt2.encoder import get_encoder
 from tfgpt2.sample import sample_sequence
 
+pytestmark = pytest.mark.slow  # the sample scripts in fresh processes
+
 UNCONDITIONAL = "tfgpt2.generate_unconditional_samples"
 INTERACTIVE = "tfgpt2.interactive_conditional_samples"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")

@@ -18,6 +18,8 @@ from conftest import require_reference
 from tfgpt2.hparams import default_hparams
 from tools.make_checkpoint import make_checkpoint
 
+pytestmark = pytest.mark.slow  # compiled training steps and the reference
+
 SAMPLE_LENGTH = 16  # windows of 17 tokens
 
 
@@ -94,7 +96,6 @@ def test_sgd_step_is_minus_the_reference_gradient(tiny_dir, tmp_path, ref):
     _check_sgd_step(tiny_dir, tmp_path, ref)
 
 
-@pytest.mark.slow
 def test_sgd_step_is_minus_the_reference_gradient_124m(gpt2_124m_dir, tmp_path):
     with Reference(require_reference(), gpt2_124m_dir) as ref:
         _check_sgd_step(gpt2_124m_dir, tmp_path, ref)
