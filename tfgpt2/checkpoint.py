@@ -10,7 +10,6 @@ import os
 import shutil
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 
 from .hparams import load_hparams, save_hparams
@@ -87,37 +86,23 @@ def load_weights(model, path):
                                          model.tie_embeddings, prefix))
 
 
-READ_AT_ONCE = 1 << 22  # elements read at a time (16 MB of float32): embeddings in slices of rows
-
-
-def _slices(shape):
-    """RestoreV2 slice specs and first rows covering a tensor of `shape` in pieces of at most
-    READ_AT_ONCE elements along its first axis ("" for a whole tensor that fits)."""
-    row = int(np.prod(shape[1:], dtype=np.int64))
-    rows = max(1, READ_AT_ONCE // max(row, 1))
-    if not shape or shape[0] <= rows:
-        return [("", 0)]
-    whole = " ".join(map(str, shape))
-    return [(f"{whole} {start},{min(rows, shape[0] - start)}" + ":-" * (len(shape) - 1), start)
-            for start in range(0, shape[0], rows)]
-
-
 def _restore(model, prefix, source):
     """Each variable from the checkpoint tensor `source` maps its name to, cast to the
-    variable's dtype as it is read, a slice of rows at a time: the peak memory is the model in
-    its own dtype plus one slice, never a float32 copy of a bfloat16 model."""
+    variable's dtype as it is read (one tensor at a time: never a float32 copy of a bfloat16
+    model)."""
     stored = _open(prefix).get_variable_to_dtype_map()
 
     @tf.function(reduce_retracing=True)
-    def restore(variable, name, spec, start, dtype):
-        value = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[spec], dtypes=[dtype])[0]
-        variable[start:start + tf.shape(value)[0]].assign(tf.cast(value, variable.dtype))
+    def restore(variable, name, dtype):
+        # Inside a graph the restored tensor has no other owner, so the assignment takes its
+        # buffer instead of copying it: peak memory is the weights plus one tensor.
+        variable.assign(tf.cast(tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
+                                                     dtypes=[dtype])[0], variable.dtype))
 
     for variable in model.weights:
         name = source[variable.path]
         try:
-            for spec, start in _slices(variable.shape):
-                restore(variable.value, tf.constant(name), tf.constant(spec), tf.constant(start), stored[name])
+            restore(variable.value, tf.constant(name), stored[name])
         except tf.errors.OpError as e:
             raise CheckpointError(f"{prefix}.data-00000-of-00001: cannot read tensor {name!r} "
                                   f"(truncated or corrupt?): {_message(e)}") from None

@@ -22,9 +22,15 @@ from .hparams import default_hparams
 
 
 def normal(stddev, initialize=True):
-    """The original's random_normal_initializer; zeros for a model a checkpoint is loaded into
-    (random init of 124M parameters takes seconds and memory for nothing)."""
-    return keras.initializers.RandomNormal(stddev=stddev) if initialize else "zeros"
+    """The original's random_normal_initializer; `uninitialized` for a model a checkpoint is
+    loaded into (random init of 124M parameters takes seconds and memory for nothing)."""
+    return keras.initializers.RandomNormal(stddev=stddev) if initialize else uninitialized
+
+
+def uninitialized(shape, dtype=None):
+    """Memory never written, so never resident: loading replaces each buffer by the tensor
+    read, and a bfloat16 load peaks near the bfloat16 weights plus one float32 tensor."""
+    return tf.raw_ops.Empty(shape=shape, dtype=dtype or "float32", init=False)
 
 
 def shape_list(x):
@@ -307,7 +313,7 @@ class GPT2(keras.Model):
 
     `model(X, past=None)` returns {'logits': [batch, T, n_vocab],
     'present': [batch, n_layer, 2, n_head, T, n_embd // n_head]} as the original does.
-    `initialize=False` creates the variables as zeros, for a checkpoint to be loaded into.
+    `initialize=False` leaves the variables unwritten, for a checkpoint to be loaded into.
     `dtype`: a Keras dtype policy ("float32", "bfloat16", "float16", "mixed_bfloat16",
     "mixed_float16"); `present` comes in its compute dtype, the logits always in float32.
     """
