@@ -175,7 +175,7 @@ def mask_attn_weights(w, b):
     # w is [batch, heads, dst_sequence, src_sequence]; b is [dst, src] or [batch, dst, src].
     b = tf.cast(b[None, None] if b.shape.rank == 2 else b[:, None], w.dtype)
     # the original's 1e10, or float16's largest value (1e10 overflows float16 into inf * 0 = NaN)
-    return w * b - tf.cast(min(1e10, w.dtype.max), w.dtype) * (1 - b)
+    return w * b - tf.cast(min(1e10, float(w.dtype.max)), w.dtype) * (1 - b)
 
 
 def multihead_attn(q, k, v, mask):
