@@ -316,10 +316,13 @@ class GPT2(keras.Model):
     `initialize=False` leaves the variables unwritten, for a checkpoint to be loaded into.
     `dtype`: a Keras dtype policy ("float32", "bfloat16", "float16", "mixed_bfloat16",
     "mixed_float16"); `present` comes in its compute dtype, the logits always in float32.
+    `remat=True` keeps only each block's input for the backward pass and recomputes the rest
+    (`tf.recompute_grad`): less memory for fine-tuning, one more forward pass of time.
     """
 
-    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, name="model", **kwargs):
+    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, remat=False, name="model", **kwargs):
         super().__init__(name=name, **kwargs)
+        self.remat = remat
         self.hparams = (hparams or default_hparams()).validate()
         if self.hparams.n_vocab < 1:
             raise ValueError("hparams.n_vocab must be set (>= 1); read it from hparams.json")
@@ -369,7 +372,8 @@ class GPT2(keras.Model):
 
         presents, hidden = [], []
         for block, layer_past in zip(self.h, pasts):
-            h, present = block(h, layer_past, attn_mask=mask)
+            run = lambda h, block=block, layer_past=layer_past: block(h, layer_past, attn_mask=mask)  # noqa: E731
+            h, present = (tf.recompute_grad(run) if self.remat else run)(h)
             presents.append(present)
             hidden.append(h)
         results = {"present": tf.stack(presents, axis=1), "logits": self.lm_logits(h)}
