@@ -101,8 +101,12 @@ def _restore(model, prefix, source):
 
     for variable in model.weights:
         name = source[variable.path]
+        # A variable mirrored by a tf.distribute strategy is restored copy by copy: given the
+        # mirrored variable itself, `restore` would reuse one variable's trace for all of a shape.
+        copies = getattr(variable.value, "values", (variable.value,))
         try:
-            restore(variable.value, tf.constant(name), stored[name])
+            for copy in copies:
+                restore(copy, tf.constant(name), stored[name])
         except tf.errors.OpError as e:
             raise CheckpointError(f"{prefix}.data-00000-of-00001: cannot read tensor {name!r} "
                                   f"(truncated or corrupt?): {_message(e)}") from None

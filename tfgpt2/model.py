@@ -432,3 +432,14 @@ class GPT2(keras.Model):
         functions are kept on the model (`self.generators`), so they are freed with it."""
         from .sample import generate  # sample.py builds on this module
         return generate(self, prompts, length, **options)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """`fit`/`evaluate`: a plain loss sees the logits alone (`present` is never built
+        in a compiled step whose outputs do not use it); a loss keyed 'logits' still works."""
+        return super().compute_loss(x, y, self._logits_for_loss(y_pred), sample_weight, training)
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        return super().compute_metrics(x, y, self._logits_for_loss(y_pred), sample_weight)
+
+    def _logits_for_loss(self, y_pred):
+        return y_pred["logits"] if isinstance(y_pred, dict) and not isinstance(self.loss, dict) else y_pred

@@ -8,6 +8,7 @@ arrays travel over a pipe: the calling process keeps TensorFlow 2 untouched.
     with Reference("path/to/gpt-2/src", "models/124M") as ref:
         out = ref.model(tokens)                 # {'logits', 'present', 'hidden'} as numpy
         tokens, seconds = ref.sample_sequence(context=tokens[:1], length=20, top_k=1)
+        grads = ref.gradients(windows)["gradients"]   # the forks' loss, tf.gradients per variable
 """
 import os
 import pickle
@@ -68,6 +69,18 @@ class Reference:
         return self._call("sample", length=length, context=context, start_token=start_token,
                           batch_size=batch_size, temperature=temperature, top_k=top_k,
                           top_p=top_p, seed=seed, repeats=repeats)
+
+    def gradients(self, tokens, weights=None):
+        """The forks' loss on windows `tokens` [batch, length] and its `tf.gradients` for every
+        trainable variable: {'loss', 'gradients': {name: array}}. `weights` (name -> array)
+        replaces the folder's checkpoint."""
+        return self._call("gradients", tokens=np.asarray(tokens, np.int32), weights=weights)
+
+    def adam_steps(self, batches, learning_rate, weights=None):
+        """One `tf.compat.v1.train.AdamOptimizer(learning_rate)` step of the forks' loss per
+        batch: {'losses': [...], 'weights': {name: array}} after the last."""
+        return self._call("adam", batches=np.asarray(batches, np.int32), learning_rate=learning_rate,
+                          weights=weights)
 
     @property
     def pid(self):
@@ -168,6 +181,48 @@ class _Worker:
         fetches = {k: v for k, v in fetches.items() if hidden or k != "hidden"}
         feed = {self.X: tokens} if past is None else {self.X: tokens, self.past: past}
         return self.sess.run(fetches, feed)
+
+    def _training_graph(self):
+        """A graph with the model on X [batch, length] and the forks' loss, in a session whose
+        variables are not yet set."""
+        tf = self.tf
+        graph = tf.Graph()
+        with graph.as_default():
+            X = tf.placeholder(tf.int32, [None, None])
+            logits = self.model.model(self.hparams, X)["logits"]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=X[:, 1:], logits=logits[:, :-1]))
+        return graph, X, loss
+
+    def _set_weights(self, sess, weights):
+        if weights is None:
+            self.tf.train.Saver(var_list=self.tf.trainable_variables()).restore(
+                sess, self.tf.train.latest_checkpoint(self.model_dir))
+        else:
+            for v in self.tf.trainable_variables():
+                v.load(weights[v.op.name], sess)
+
+    def op_gradients(self, tokens, weights):
+        tf = self.tf
+        graph, X, loss = self._training_graph()
+        with graph.as_default(), tf.Session(graph=graph) as sess:
+            variables = tf.trainable_variables()
+            grads = [tf.convert_to_tensor(g) for g in tf.gradients(loss, variables)]  # wte: IndexedSlices
+            self._set_weights(sess, weights)
+            value, grads = sess.run((loss, grads), {X: tokens})
+        return {"loss": value, "gradients": {v.op.name: g for v, g in zip(variables, grads)}}
+
+    def op_adam(self, batches, learning_rate, weights):
+        tf = self.tf
+        graph, X, loss = self._training_graph()
+        with graph.as_default(), tf.Session(graph=graph) as sess:
+            train = tf.train.AdamOptimizer(learning_rate).minimize(loss)
+            sess.run(tf.global_variables_initializer())
+            self._set_weights(sess, weights)
+            losses = [sess.run((loss, train), {X: batch})[0] for batch in batches]
+            variables = tf.trainable_variables()
+            values = sess.run(variables)
+        return {"losses": losses, "weights": {v.op.name: x for v, x in zip(variables, values)}}
 
     def op_sample(self, length, context, start_token, batch_size, temperature, top_k, top_p, seed, repeats):
         import time

@@ -1,0 +1,66 @@
+"""`python -m tfgpt2.evaluate`: strided windows that score each token once, against the mean
+loss of OpenAI's graph over the same windows."""
+import math
+
+import numpy as np
+import pytest
+
+import tfgpt2
+from tfgpt2 import evaluate
+from tfgpt2.reference import Reference
+
+from conftest import require_reference
+
+TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
+        "of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season "
+        "of Light, it was the season of Darkness, it was the spring of hope, it was the winter of despair.")
+
+
+@pytest.mark.parametrize("n_tokens, n_ctx, stride", [(10, 4, 4), (10, 4, 1), (11, 4, 3), (3, 64, 64), (200, 64, 16)])
+def test_windows_score_each_token_once_with_context(n_tokens, n_ctx, stride):
+    scored = []
+    for begin, end, first in evaluate.windows(n_tokens, n_ctx, stride):
+        assert end - begin <= n_ctx and first >= 0
+        for target in range(begin + 1 + first, end + 1):
+            scored.append(target)
+            assert target - 1 - begin >= min(n_ctx - stride, target - 1)  # tokens of context before it
+    assert scored == list(range(1, n_tokens))
+
+
+def _reference_losses(ref, tokens, n_ctx, stride):
+    losses = []
+    for begin, end, first in evaluate.windows(len(tokens), n_ctx, stride):
+        logits = ref.model(np.asarray(tokens[begin:end])[None])["logits"][0].astype(np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        targets = tokens[begin + 1:end + 1]
+        losses += [-logp[i, targets[i]] for i in range(first, end - begin)]
+    return losses
+
+
+def test_evaluate_equals_the_reference_mean_loss(tiny_dir, tmp_path, capsys):
+    enc = tfgpt2.get_encoder("tiny", tiny_dir.rsplit("/", 1)[0])
+    tokens = [enc.eot_token] + enc.encode(TEXT)
+    assert len(tokens) > 64  # more than one window
+    with Reference(require_reference(), tiny_dir) as ref:
+        expected = _reference_losses(ref, tokens, 64, 24)
+    result = evaluate.evaluate(tfgpt2.load_model(tiny_dir), tokens, stride=24, n_bytes=len(TEXT.encode()),
+                               batch_size=2)
+    assert result["tokens"] == len(tokens) - 1 == len(expected)
+    assert abs(result["loss"] - np.mean(expected)) <= 1e-5 * np.mean(expected)
+    assert result["bits_per_byte"] == pytest.approx(np.sum(expected) / math.log(2) / len(TEXT.encode()), rel=1e-5)
+
+    (tmp_path / "text.txt").write_text(TEXT)
+    evaluate.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "text.txt"), "--stride", "24"])
+    out = capsys.readouterr().out
+    assert f"loss {result['loss']:.4f}" in out and f"tokens {len(expected)}" in out
+
+
+def test_bad_input_is_a_clear_error(tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"--stride must be in \[1, n_ctx=64\], got 65"):
+        evaluate.windows(100, 64, 65)
+    with pytest.raises(SystemExit, match="missing.txt: cannot read: No such file"):
+        evaluate.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "missing.txt")])
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(SystemExit, match="empty.txt: no text to evaluate"):
+        evaluate.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "empty.txt")])

@@ -1,0 +1,283 @@
+"""Fine-tuning against OpenAI's graph: the forks' loss and `tf.gradients`, TF1's AdamOptimizer,
+run folders that OpenAI's code restores, accumulation, resume, and bad input."""
+import ast
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import tfgpt2
+from tfgpt2 import data, train
+from tfgpt2.reference import Reference
+
+from conftest import require_reference
+from tfgpt2.hparams import default_hparams
+from tools.make_checkpoint import make_checkpoint
+
+SAMPLE_LENGTH = 16  # windows of 17 tokens
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory):
+    """One block of width 32: for the tests that compare runs with runs (quicker to compile)."""
+    hparams = default_hparams().override_from_dict(dict(n_vocab=50257, n_ctx=32, n_embd=32, n_head=2, n_layer=1))
+    return make_checkpoint(str(tmp_path_factory.mktemp("models") / "micro"), hparams, std=0.3, seed=2)
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_dir):
+    with Reference(require_reference(), tiny_dir) as r:
+        yield r
+
+
+def ids_npz(path, *chunks):
+    np.savez_compressed(path, *[np.asarray(c, np.int32) for c in chunks])
+    return str(path)
+
+
+def random_ids(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 50257, n)
+
+
+def run(model_dir, tmp_path, *flags, run_name="run1"):
+    """train.train with the flags, the base model `model_dir`, no samples or periodic saves."""
+    argv = ["--models_dir", os.path.dirname(model_dir), "--model_name", os.path.basename(model_dir),
+            "--checkpoint_dir", str(tmp_path / "checkpoint"), "--run_name", run_name,
+            "--sample_every", "0", "--save_every", "0", "--print_every", "0",
+            "--sample_length", str(SAMPLE_LENGTH), *flags]
+    return train.train(train.parse_args(argv))
+
+
+def weights_of(folder):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(folder))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def draws(chunks, seed, steps, per_step):
+    """The windows a run with --seed draws for steps 1..steps."""
+    windows = data.Windows(chunks, SAMPLE_LENGTH + 1)
+    return np.stack([windows.take(windows.draw(seed, step, per_step)).numpy() for step in range(1, steps + 1)])
+
+
+def test_fit_with_a_plain_keras_loss(tiny_dir):
+    model = tfgpt2.load_model(tiny_dir)
+    windows = data.Windows([random_ids(200)], SAMPLE_LENGTH + 1)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    batch = windows.take(tf.constant([[0, 7]], tf.int64))[0]
+    before = model.evaluate(batch[:, :-1], batch[:, 1:], verbose=0)
+    np.testing.assert_allclose(before, float(train.window_loss(model, batch)), rtol=1e-5)
+    history = model.fit(data.keras_dataset(windows, batch_size=2, seed=0), steps_per_epoch=3, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert model.evaluate(batch[:, :-1], batch[:, 1:], verbose=0) < before
+
+
+def _check_sgd_step(model_dir, tmp_path, ref):
+    window = random_ids(SAMPLE_LENGTH + 1, seed=3)
+    history = run(model_dir, tmp_path, "--dataset", ids_npz(tmp_path / "one.npz", window),
+                  "--optimizer", "sgd", "--learning_rate", "1", "--steps", "1")
+    expected = ref.gradients(window[None])
+    before, after = weights_of(model_dir), weights_of(tmp_path / "checkpoint" / "run1")
+    assert set(after) == set(expected["gradients"])
+    np.testing.assert_allclose(history[0][1], expected["loss"], rtol=1e-5)
+    for name, grad in expected["gradients"].items():
+        assert np.abs(grad).max() > 0, name
+        error = np.abs((after[name] - before[name]) + grad).max() / np.abs(grad).max()
+        assert error <= 1e-3, f"{name}: relative error {error:.2e}"
+
+
+def test_sgd_step_is_minus_the_reference_gradient(tiny_dir, tmp_path, ref):
+    _check_sgd_step(tiny_dir, tmp_path, ref)
+
+
+@pytest.mark.slow
+def test_sgd_step_is_minus_the_reference_gradient_124m(gpt2_124m_dir, tmp_path):
+    with Reference(require_reference(), gpt2_124m_dir) as ref:
+        _check_sgd_step(gpt2_124m_dir, tmp_path, ref)
+
+
+def test_adam_is_tf1_adam_and_the_run_folder_restores_in_the_reference(tiny_dir, tmp_path, ref):
+    chunks = [random_ids(40, seed=4), random_ids(25, seed=5)]
+    # The forks' learning rate, 2e-5: Adam turns gradients that are zero but for rounding (the
+    # key biases': softmax ignores them) into steps of up to lr, whatever the implementation.
+    history = run(tiny_dir, tmp_path, "--dataset", ids_npz(tmp_path / "d.npz", *chunks), "--batch_size", "2",
+                  "--steps", "3", "--seed", "7")
+    expected = ref.adam_steps(draws(chunks, 7, 3, 2), 2e-5)
+    np.testing.assert_allclose([loss for _, loss in history], expected["losses"], rtol=1e-5)
+    before, after = weights_of(tiny_dir), weights_of(tmp_path / "checkpoint" / "run1")
+    for name, value in expected["weights"].items():
+        assert np.abs(value - before[name]).max() >= 5e-5, name  # 3 steps of about lr each
+        error = np.abs(after[name] - value).max()
+        assert error <= 1e-5, f"{name}: max abs difference {error:.2e}"
+
+    run_dir = str(tmp_path / "checkpoint" / "run1")
+    tokens = random_ids(2 * 20, seed=6).reshape(2, 20)
+    with Reference(require_reference(), run_dir) as run_ref:
+        theirs = run_ref.model(tokens)["logits"]
+    ours = tfgpt2.load_model(run_dir)(tokens)["logits"].numpy()
+    assert np.abs(ours - theirs).max() <= 5e-4
+
+
+def test_accumulating_4_x_1_equals_a_batch_of_4(micro_dir, tmp_path):
+    dataset = ids_npz(tmp_path / "d.npz", random_ids(60, seed=8))
+    flags = ("--dataset", dataset, "--optimizer", "sgd", "--learning_rate", "1", "--steps", "1", "--no_xla")
+    whole = run(micro_dir, tmp_path, *flags, "--batch_size", "4", run_name="whole")
+    parts = run(micro_dir, tmp_path, *flags, "--accumulate_gradients", "4", run_name="parts")
+    np.testing.assert_allclose(whole[0][1], parts[0][1], rtol=1e-6)
+    before = weights_of(micro_dir)
+    a, b = weights_of(tmp_path / "checkpoint" / "whole"), weights_of(tmp_path / "checkpoint" / "parts")
+    for name in before:
+        step = np.abs(a[name] - before[name]).max()
+        assert np.abs(a[name] - b[name]).max() <= 1e-4 * step, name
+
+
+def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_path, monkeypatch):
+    flags = ("--dataset", ids_npz(tmp_path / "d.npz", random_ids(300, seed=9)), "--batch_size", "2",
+             "--accumulate_gradients", "2", "--learning_rate", "1e-3", "--steps", "6", "--lr_schedule", "cosine",
+             "--warmup_steps", "2", "--clip_norm", "1", "--weight_decay", "0.1", "--optimizer", "adamw",
+             "--save_every", "2", "--max_checkpoints", "2", "--val_every", "3", "--val_batch_count", "2",
+             "--val_fraction", "0.3", "--no_xla")  # the reference tests above run the XLA step
+    whole = run(micro_dir, tmp_path, *flags, "--sample_every", "3", "--sample_num", "2", run_name="whole")
+
+    step = train.Trainer.step
+    calls = []
+
+    def interrupted(self, batch):  # Ctrl-C during the fifth update
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return step(self, batch)
+    monkeypatch.setattr(train.Trainer, "step", interrupted)
+    first = run(micro_dir, tmp_path, *flags, run_name="resumed")
+    monkeypatch.undo()
+    run_dir = tmp_path / "checkpoint" / "resumed"
+    assert [s for s, _ in first] == [1, 2, 3, 4]
+    assert open(run_dir / "counter").read() == "4\n"
+    second = run(micro_dir, tmp_path, *flags, run_name="resumed")
+    assert first + second == whole
+    a, b = weights_of(tmp_path / "checkpoint" / "whole"), weights_of(run_dir)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+    run_dir = tmp_path / "checkpoint" / "whole"
+    assert train.checkpoint_steps(str(run_dir))[-2:] == [4, 6]
+    best = train._read_best(str(run_dir))
+    assert best["step"] in (3, 6) and best["step"] in train.checkpoint_steps(str(run_dir))
+    names = sorted(os.listdir(run_dir))
+    assert [n for n in names if n.startswith("optimizer-")] == ["optimizer-6.data-00000-of-00001", "optimizer-6.index"]
+    assert {"counter", "hparams.json", "encoder.json", "vocab.bpe"} <= set(names)
+    assert (run_dir / "samples-6.txt").read_text().count("SAMPLE") == 2
+    events = [n for n in names if n.startswith("events.out.tfevents")]
+    tags = {value.tag for event in tf.compat.v1.train.summary_iterator(str(run_dir / events[0]))
+            for value in event.summary.value}
+    assert {"loss", "learning_rate", "tokens_per_second", "val_loss", "val_perplexity"} <= tags
+    assert not [n for n in names if n.startswith(".tmp") or n.endswith(".tmp")]
+    tfgpt2.load_model(str(run_dir))
+
+
+MIRRORED = """
+import sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tfgpt2 import train
+for strategy, batch in [(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), "1"), (None, "2")]:
+    print(train.train(train.parse_args(sys.argv[1:] + ["--batch_size", batch, "--run_name", batch]), strategy))
+"""
+
+
+def test_two_replicas_of_batch_1_equal_one_device_of_batch_2(micro_dir, tmp_path):
+    """The strategy passed to train() builds the model and distributes the batches; here
+    a MirroredStrategy over two logical CPUs (a fresh process: devices are set before use)."""
+    argv = ["--models_dir", os.path.dirname(micro_dir), "--model_name", "micro", "--checkpoint_dir",
+            str(tmp_path), "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2",
+            "--sample_every", "0", "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), "--no_xla"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=root,
+                         env=dict(os.environ, PYTHONPATH=root))
+    assert out.returncode == 0, out.stderr[-3000:]
+    mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
+    np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
+    a, b = weights_of(tmp_path / "1"), weights_of(tmp_path / "2")
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
+
+
+def test_only_train_transformer_layers_leaves_embeddings_unchanged(micro_dir, tmp_path):
+    run(micro_dir, tmp_path, "--dataset", ids_npz(tmp_path / "d.npz", random_ids(40)), "--steps", "2",
+        "--learning_rate", "1e-2", "--only_train_transformer_layers", "--no_xla")
+    before, after = weights_of(micro_dir), weights_of(tmp_path / "checkpoint" / "run1")
+    for name in ("model/wte", "model/wpe", "model/ln_f/g", "model/ln_f/b"):
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+    assert np.abs(before["model/h0/attn/c_attn/w"] - after["model/h0/attn/c_attn/w"]).max() > 1e-3
+
+
+def test_a_tiny_model_memorizes_a_short_text(micro_dir, tmp_path):
+    text = tmp_path / "poem.txt"
+    text.write_text("Tyger Tyger, burning bright, In the forests of the night; "
+                    "What immortal hand or eye, Could frame thy fearful symmetry?")
+    history = run(micro_dir, tmp_path, "--dataset", str(text), "--steps", "60", "--batch_size", "4",
+                  "--learning_rate", "1e-2", "--no_xla")
+    assert np.mean([loss for _, loss in history[-5:]]) < 0.5, history[-5:]
+
+
+# ---- bad input ----------------------------------------------------------------------------
+
+def _fails(capsys, tiny_dir, tmp_path, message, *flags):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--models_dir", os.path.dirname(tiny_dir), "--model_name", os.path.basename(tiny_dir),
+                    "--checkpoint_dir", str(tmp_path / "checkpoint"), "--sample_every", "0",
+                    "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), *flags])
+    error = str(e.value.code) if isinstance(e.value.code, str) else capsys.readouterr().err
+    assert message in error, error
+    assert not (tmp_path / "checkpoint" / "run1" / "checkpoint").exists()
+
+
+def test_bad_data_is_a_clear_error(tiny_dir, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    _fails(capsys, tiny_dir, tmp_path, "a training window needs 17 tokens", "--dataset", str(empty))
+    short = tmp_path / "short.txt"
+    short.write_text("Too short for a window.")
+    _fails(capsys, tiny_dir, tmp_path, "6 tokens in 1 chunks, the longest 6; a training window needs 17", "--dataset", str(short))
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café ".encode("latin-1") * 40)
+    _fails(capsys, tiny_dir, tmp_path, "latin.txt: not valid utf-8 at byte 3", "--dataset", str(latin))
+    bad_ids = ids_npz(tmp_path / "bad.npz", random_ids(30), [1, 2, 50257, 3])
+    _fails(capsys, tiny_dir, tmp_path, "bad.npz: arr_1[2] is token id 50257, outside [0, n_vocab=50257)",
+           "--dataset", bad_ids)
+    _fails(capsys, tiny_dir, tmp_path, "no such file", "--dataset", str(tmp_path / "missing.txt"))
+    os.chmod(short, 0)
+    if not os.access(short, os.R_OK):  # root reads anything
+        _fails(capsys, tiny_dir, tmp_path, "short.txt: cannot read", "--dataset", str(short))
+
+
+def test_bad_flags_and_folders_are_clear_errors(tiny_dir, tmp_path, capsys):
+    dataset = ids_npz(tmp_path / "d.npz", random_ids(40))
+    _fails(capsys, tiny_dir, tmp_path, "--batch_size: must be >= 1", "--dataset", dataset, "--batch_size", "0")
+    _fails(capsys, tiny_dir, tmp_path, "invalid choice: 'adagrad'", "--dataset", dataset, "--optimizer", "adagrad")
+    _fails(capsys, tiny_dir, tmp_path, "--lr_schedule cosine needs --steps", "--dataset", dataset,
+           "--lr_schedule", "cosine")
+    _fails(capsys, tiny_dir, tmp_path, "--sample_length 65 exceeds the model's context n_ctx=64",
+           "--dataset", dataset, "--sample_length", "65")
+    _fails(capsys, tiny_dir, tmp_path, "--restore_from nowhere: no such folder", "--dataset", dataset,
+           "--restore_from", "nowhere")
+
+    run_dir = tmp_path / "checkpoint" / "run1"  # a run folder at step 1, written by hand
+    train.write_run_files(str(run_dir), tfgpt2.load_hparams(tiny_dir), tiny_dir)
+    for name in os.listdir(tiny_dir):
+        if name.startswith("model.ckpt."):
+            os.link(os.path.join(tiny_dir, name), run_dir / name.replace("model.ckpt", "model-1"))
+    (run_dir / "checkpoint").write_text('model_checkpoint_path: "model-1"\n')
+    saved = {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir) if not name.startswith("events")}
+    (run_dir / "hparams.json").write_text(saved["hparams.json"].decode().replace('"n_layer": 2', '"n_layer": 3'))
+    with pytest.raises(tfgpt2.CheckpointError, match="missing variables: model/h2/attn/c_attn/b"):
+        run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "2")
+    (run_dir / "hparams.json").write_bytes(saved["hparams.json"])
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "2", "--restore_from", "fresh")
+    assert saved == {name: (run_dir / name).read_bytes() for name in saved}

@@ -1,0 +1,529 @@
+"""Fine-tuning OpenAI's GPT-2 checkpoints: the forks' `train.py`, in TensorFlow 2 / Keras 3.
+
+    python -m tfgpt2.train --dataset corpus.txt --model_name 124M --steps 1000 --run_name run1
+
+It reads like nanoGPT's `train.py`: data, step, log, evaluate, save. The forks' flags and
+defaults leave their update rule unchanged (Adam as TensorFlow 1's `AdamOptimizer`, epsilon
+1e-8, learning rate 2e-5, batch 1, windows of 1024 tokens); unlike them, accumulated gradients
+are averaged, validation uses data never trained on, and the optimizer state is saved with
+each checkpoint so that a resumed run continues exactly.
+
+The run folder `checkpoint/<run_name>/` is gpt-2-simple's: `model-<step>.*` in OpenAI's
+variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`, `counter`,
+`hparams.json`, `encoder.json`, `vocab.bpe`, TensorBoard events; and `optimizer-<step>.*`
+beside the latest model, `best.json` where validation runs, `samples-<step>.txt`.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+from tensorflow.core.framework import summary_pb2  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from . import data  # noqa: E402
+from .checkpoint import checkpoint_prefix, load_model  # noqa: E402
+from .encoder import get_encoder  # noqa: E402
+from .hparams import load_hparams, save_hparams  # noqa: E402
+from .sample import generate  # noqa: E402
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "adafactor")
+
+
+# ---- loss and step ----------------------------------------------------------------------
+
+def token_losses(labels, logits):
+    """Softmax cross-entropy of each position, in float32 whatever the logits' dtype."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32))
+
+
+def lm_loss(labels, logits):
+    """The forks' loss: the mean cross-entropy of each position's logits against the next token
+    (`labels` = tokens[:, 1:] for logits of tokens[:, :-1]). A plain Keras loss for `fit`."""
+    return tf.reduce_mean(token_losses(labels, logits))
+
+
+def window_loss(model, tokens):
+    """The loss of windows [batch, length]: the model reads length - 1 tokens and predicts the
+    next of each (the forks read all `length` and drop the last position's logits: the same)."""
+    return lm_loss(tokens[:, 1:], model(tokens[:, :-1])["logits"])
+
+
+class Trainer:
+    """The compiled steps for a model, an optimizer and the variables it trains.
+
+    `step(tokens)` takes the windows of one update, [accumulate * batch, length] per replica,
+    splits them into `accumulate` micro-batches, averages their gradients and applies them.
+    Built under `strategy`'s scope; the batches come from `trainer.distribute(dataset)`.
+    """
+
+    def __init__(self, model, optimizer, *, variables=None, accumulate=1, strategy=None, jit_compile=True):
+        self.model, self.optimizer, self.accumulate = model, optimizer, accumulate
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.variables = list(variables if variables is not None else model.trainable_variables)
+        with self.strategy.scope():
+            optimizer.build(self.variables)
+        # XLA compiles the forward and backward passes; the update runs outside it, where a
+        # strategy's optimizer can reach every replica's copy of the variables.
+        # Each compiled function is called from a plain per-replica function, which places it
+        # on that replica's device.
+        self._gradients = tf.function(self._accumulated_gradients, jit_compile=jit_compile)
+        self._window_loss = tf.function(lambda tokens: window_loss(model, tokens), jit_compile=jit_compile)
+        self._step = tf.function(lambda batch: self._mean(self._replica_step, batch))
+        self._loss = tf.function(lambda batch: self._mean(lambda tokens: self._window_loss(tokens), batch))
+
+    def _mean(self, fn, batch):
+        return self.strategy.reduce("MEAN", self.strategy.run(fn, args=(batch,)), axis=None)
+
+    def _loss_and_gradients(self, tokens):
+        with tf.GradientTape() as tape:
+            loss = window_loss(self.model, tokens)
+            scaled = loss / self.strategy.num_replicas_in_sync  # the optimizer sums over replicas
+        return loss, [tf.convert_to_tensor(g) for g in tape.gradient(scaled, self.variables)]
+
+    def _accumulated_gradients(self, tokens):
+        """The mean loss and gradients of `accumulate` micro-batches of `tokens`."""
+        micro = tf.reshape(tokens, [self.accumulate, -1, tokens.shape[-1]])
+        loss, grads = self._loss_and_gradients(micro[0])
+        for i in tf.range(1, self.accumulate):
+            more_loss, more = self._loss_and_gradients(micro[i])
+            loss, grads = loss + more_loss, [a + b for a, b in zip(grads, more)]
+        if self.accumulate > 1:
+            loss, grads = loss / self.accumulate, [g / self.accumulate for g in grads]
+        return loss, grads
+
+    def _replica_step(self, tokens):
+        loss, grads = self._gradients(tokens)
+        self.optimizer.apply_gradients(zip(grads, self.variables))
+        return loss
+
+    def distribute(self, dataset):
+        return self.strategy.experimental_distribute_dataset(dataset)
+
+    def step(self, batch):
+        """One update; returns the mean loss over the batch."""
+        return self._step(batch)
+
+    def loss(self, batch):
+        return self._loss(batch)
+
+
+# ---- optimizer --------------------------------------------------------------------------
+
+class Schedule(keras.optimizers.schedules.LearningRateSchedule):
+    """`learning_rate` after `warmup_steps` of linear warmup; with 'cosine', then down to a
+    tenth of it at `total_steps` (as nanoGPT)."""
+
+    def __init__(self, learning_rate, kind="constant", warmup_steps=0, total_steps=0):
+        self.learning_rate, self.kind = learning_rate, kind
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+
+    def __call__(self, step):  # step: updates applied so far
+        step = tf.cast(step, tf.float32)
+        lr = tf.constant(self.learning_rate, tf.float32)
+        if self.kind == "cosine":
+            span = max(self.total_steps - self.warmup_steps, 1)
+            progress = tf.clip_by_value((step - self.warmup_steps) / span, 0.0, 1.0)
+            lr = lr * (0.1 + 0.9 * 0.5 * (1 + tf.cos(math.pi * progress)))
+        if self.warmup_steps:
+            lr = lr * tf.minimum(1.0, (step + 1) / self.warmup_steps)
+        return lr
+
+    def get_config(self):
+        return dict(learning_rate=self.learning_rate, kind=self.kind,
+                    warmup_steps=self.warmup_steps, total_steps=self.total_steps)
+
+
+def make_optimizer(name, learning_rate, *, lr_schedule="constant", warmup_steps=0, total_steps=0,
+                   clip_norm=0.0, weight_decay=0.0, variables=()):
+    """A Keras optimizer. 'adam' is TensorFlow 1's AdamOptimizer (the forks'): beta1 0.9,
+    beta2 0.999, and epsilon 1e-8 added to sqrt(v) with lr * sqrt(1 - beta2^t) / (1 - beta1^t).
+    `weight_decay` is decoupled (as AdamW) and spares biases and norm gains."""
+    if lr_schedule != "constant" or warmup_steps:
+        learning_rate = Schedule(learning_rate, lr_schedule, warmup_steps, total_steps)
+    common = dict(learning_rate=learning_rate, global_clipnorm=clip_norm or None,
+                  weight_decay=weight_decay or None)
+    optimizer = {
+        "adam": lambda: keras.optimizers.Adam(beta_1=0.9, beta_2=0.999, epsilon=1e-8, **common),
+        "adamw": lambda: keras.optimizers.AdamW(beta_1=0.9, beta_2=0.999, epsilon=1e-8, **common),
+        "sgd": lambda: keras.optimizers.SGD(**common),
+        "adafactor": lambda: keras.optimizers.Adafactor(**common),
+    }[name]()
+    if weight_decay:
+        optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
+    return optimizer
+
+
+def trained_variables(model, only_transformer_layers=False):
+    """All trainable variables, or, as the forks' --only_train_transformer_layers, the blocks'
+    (`model/h<i>/...`): not wte, wpe or ln_f."""
+    variables = model.trainable_variables
+    return [v for v in variables if "/h" in v.path] if only_transformer_layers else variables
+
+
+# ---- run folder -------------------------------------------------------------------------
+
+def _write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _save_tensors(run_dir, name, tensors):
+    """`<name>.index` and `<name>.data-*` in run_dir, written under a temporary folder first."""
+    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=run_dir)
+    try:
+        names = list(tensors)
+        tf.raw_ops.SaveV2(prefix=os.path.join(tmp, name), tensor_names=names,
+                          shape_and_slices=[""] * len(names),
+                          tensors=[tf.convert_to_tensor(tensors[n]) for n in names])
+        for filename in os.listdir(tmp):
+            os.replace(os.path.join(tmp, filename), os.path.join(run_dir, filename))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def checkpoint_steps(run_dir):
+    """Steps of the model-<step> checkpoints the run folder's `checkpoint` file names."""
+    state = tf.train.get_checkpoint_state(run_dir)
+    paths = state.all_model_checkpoint_paths if state else []
+    return [int(p.rsplit("-", 1)[1]) for p in paths]
+
+
+def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=()):
+    """Save step `step`: optimizer state, then the weights, then the `checkpoint` file that
+    names them (so an interrupt never leaves a half-written checkpoint named there) and
+    `counter`. Older checkpoints beyond `max_checkpoints` go, except the steps in `keep`;
+    optimizer state is kept for the latest only."""
+    _save_tensors(run_dir, f"optimizer-{step}",
+                  {f"optimizer/{i}": v for i, v in enumerate(optimizer.variables)})
+    _save_tensors(run_dir, f"model-{step}", {v.path: v for v in model.weights})
+    steps = sorted(set(checkpoint_steps(run_dir)) - {step}) + [step]
+    kept = [s for i, s in enumerate(steps) if i >= len(steps) - max_checkpoints or s in keep]
+    lines = [f'model_checkpoint_path: "model-{step}"']
+    lines += [f'all_model_checkpoint_paths: "model-{s}"' for s in kept]
+    _write_atomic(os.path.join(run_dir, "checkpoint"), "\n".join(lines) + "\n")
+    _write_atomic(os.path.join(run_dir, "counter"), f"{step}\n")
+    for path in glob.glob(os.path.join(run_dir, "model-*.*")) + glob.glob(os.path.join(run_dir, "optimizer-*.*")):
+        kind, s = os.path.basename(path).split(".")[0].split("-")
+        if int(s) not in kept or (kind == "optimizer" and int(s) != step):
+            os.remove(path)
+
+
+def restore_optimizer(optimizer, run_dir, step):
+    """Optimizer state from `optimizer-<step>` beside the weights; False where there is none."""
+    prefix = os.path.join(run_dir, f"optimizer-{step}")
+    if not os.path.isfile(prefix + ".index"):
+        return False
+    reader = tf.train.load_checkpoint(prefix)
+    shapes = reader.get_variable_to_shape_map()
+    if len(shapes) != len(optimizer.variables):
+        raise ValueError(f"{prefix}: holds {len(shapes)} optimizer variables, this optimizer has "
+                         f"{len(optimizer.variables)} (another --optimizer or --only_train_transformer_layers?)")
+    for i, variable in enumerate(optimizer.variables):
+        value = reader.get_tensor(f"optimizer/{i}")
+        if list(value.shape) != list(variable.shape):
+            raise ValueError(f"{prefix}: optimizer/{i} ({variable.path}) has shape {list(value.shape)}, "
+                             f"expected {list(variable.shape)}")
+        variable.assign(value)
+    return True
+
+
+def find_start(args):
+    """Where the run starts: (run folder, folder of the weights, checkpoint prefix or None,
+    step, hparams), from the run folder (--restore_from latest), the base model (fresh, or
+    latest in a new run) or a path. Checks only; nothing is loaded or written."""
+    run_dir = os.path.join(args.checkpoint_dir, args.run_name)
+    has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoint"))
+    if args.restore_from == "latest" and has_checkpoint:
+        source, prefix = run_dir, checkpoint_prefix(run_dir)
+        step = int(prefix.rsplit("-", 1)[1])
+    elif args.restore_from in ("latest", "fresh"):
+        if has_checkpoint:
+            raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
+                             f"{tf.train.latest_checkpoint(run_dir)}); continue it with --restore_from latest, "
+                             "or choose another --run_name")
+        source, prefix, step = os.path.join(args.models_dir, args.model_name), None, 0
+    else:
+        if not os.path.isdir(args.restore_from) and not os.path.isfile(args.restore_from + ".index"):
+            raise FileNotFoundError(f"--restore_from {args.restore_from}: no such folder or checkpoint prefix")
+        source = args.restore_from if os.path.isdir(args.restore_from) else os.path.dirname(args.restore_from)
+        prefix, step = checkpoint_prefix(args.restore_from), 0
+    hparams = load_hparams(source)
+    if os.path.isfile(os.path.join(run_dir, "hparams.json")) and load_hparams(run_dir) != hparams:
+        raise ValueError(f"{run_dir}/hparams.json is {load_hparams(run_dir).values()}, but the model to "
+                         f"start from ({source}) has {hparams.values()}")
+    return run_dir, source, prefix, step, hparams
+
+
+def write_run_files(run_dir, hparams, vocab_dir):
+    """hparams.json, and encoder.json and vocab.bpe from `vocab_dir` where it has them."""
+    os.makedirs(run_dir, exist_ok=True)
+    save_hparams(hparams, run_dir)
+    for name in ("encoder.json", "vocab.bpe"):
+        src, dst = os.path.join(vocab_dir, name), os.path.join(run_dir, name)
+        if os.path.isfile(src) and not os.path.isfile(dst):
+            shutil.copyfile(src, dst + ".tmp")
+            os.replace(dst + ".tmp", dst)
+
+
+# ---- the loop ---------------------------------------------------------------------------
+
+def load_data(args, enc, hparams):
+    """(training windows, validation batches or None), and the window length."""
+    length = args.sample_length + 1
+    chunks = data.load_dataset(enc, args.dataset, combine=args.combine, encoding=args.encoding,
+                               n_vocab=hparams.n_vocab)
+    _check_ids(chunks, hparams.n_vocab, args.dataset)
+    val = None
+    if args.val_dataset:
+        val_chunks = data.load_dataset(enc, args.val_dataset, combine=args.combine, encoding=args.encoding,
+                                       n_vocab=hparams.n_vocab)
+        val = data.Windows(val_chunks, length, name=args.val_dataset)
+    elif args.val_every > 0:
+        chunks, val_chunks = data.split_validation(chunks, args.val_fraction)
+        val = data.Windows(val_chunks, length, name=f"{args.dataset} (the held-out last "
+                                                    f"--val_fraction {args.val_fraction})")
+    train = data.Windows(chunks, length, name=args.dataset)
+    val_batches = val and data.fixed_batches(val, batch_size=args.val_batch_size, count=args.val_batch_count)
+    return train, val_batches
+
+
+def _check_ids(chunks, n_vocab, name):
+    top = max(int(c.max()) for c in chunks if c.size) if any(c.size for c in chunks) else 0
+    if top >= n_vocab:
+        raise data.DatasetError(f"{name}: token id {top} is outside [0, n_vocab={n_vocab})")
+
+
+def train(args, strategy=None):
+    """Fine-tune as the flags say; returns the list of (step, loss) of this run's updates."""
+    strategy = strategy or tf.distribute.get_strategy()
+    run_dir, source, prefix, step, hp = find_start(args)
+    args.sample_length = args.sample_length or hp.n_ctx - 1
+    if args.sample_length > hp.n_ctx:
+        raise ValueError(f"--sample_length {args.sample_length} exceeds the model's context n_ctx={hp.n_ctx}")
+    enc = get_encoder(args.model_name, args.models_dir)
+    windows, val_batches = load_data(args, enc, hp)
+    with strategy.scope():
+        model = load_model(source, checkpoint=prefix)
+    write_run_files(run_dir, hp, os.path.join(args.models_dir, args.model_name))
+    variables = trained_variables(model, args.only_train_transformer_layers)
+    with strategy.scope():
+        optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
+                                   warmup_steps=args.warmup_steps, total_steps=args.steps,
+                                   clip_norm=args.clip_norm, weight_decay=args.weight_decay,
+                                   variables=variables)
+    trainer = Trainer(model, optimizer, variables=variables, accumulate=args.accumulate_gradients,
+                      strategy=strategy, jit_compile=not args.no_xla)
+    if step and not restore_optimizer(optimizer, run_dir, step):
+        tqdm.write(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh")
+    optimizer.iterations.assign(step)
+
+    per_step = args.batch_size * args.accumulate_gradients * strategy.num_replicas_in_sync
+    dataset = data.training_dataset(windows, batch_size=per_step, seed=args.seed, start_step=step, steps=args.steps)
+    best = _read_best(run_dir)
+    writer = tf.summary.create_file_writer(run_dir)
+    history, avg = [], [0.0, 0.0]
+    bar = tqdm(initial=step, total=args.steps if args.steps > 0 else None, unit="step",
+               disable=not sys.stderr.isatty())
+
+    def save():
+        with _no_interrupts():
+            save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints,
+                     keep={best["step"]} if best else ())
+            if best and best["step"] == step:
+                _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
+        tqdm.write(f"Saving {run_dir}/model-{step}")
+
+    saved = step
+    try:
+        batches = iter(trainer.distribute(dataset))
+        while args.steps < 0 or step < args.steps:
+            start = time.perf_counter()
+            loss = float(trainer.step(next(batches)))
+            step += 1
+            seconds = time.perf_counter() - start
+            history.append((step, loss))
+            avg = [avg[0] * 0.99 + loss, avg[1] * 0.99 + 1]
+            lr = _current_lr(optimizer)
+            tokens_per_s = per_step * args.sample_length / seconds
+            _log(writer, step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_s)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", avg=f"{avg[0] / avg[1]:.4f}", tok_s=f"{tokens_per_s:.0f}",
+                            lr=f"{lr:.3g}")
+            if bar.disable and args.print_every and step % args.print_every == 0:
+                print(f"[{step} | {seconds:.2f}s] loss={loss:.4f} avg={avg[0] / avg[1]:.4f} "
+                      f"tokens/s={tokens_per_s:.0f} lr={lr:.3g}", flush=True)
+            if args.val_every > 0 and step % args.val_every == 0:
+                val_loss = validate(trainer, val_batches)
+                _log(writer, step, val_loss=val_loss, val_perplexity=math.exp(val_loss))
+                tqdm.write(f"[{step}] validation loss={val_loss:.4f} perplexity={math.exp(val_loss):.2f}")
+                if best is None or val_loss < best["val_loss"]:
+                    best = {"step": step, "val_loss": val_loss}
+                    save()
+                    saved = step
+            if args.save_every > 0 and step % args.save_every == 0 and saved != step:
+                save()
+                saved = step
+            if args.sample_every > 0 and step % args.sample_every == 0:
+                write_samples(model, enc, args, run_dir, step)
+    except KeyboardInterrupt:
+        tqdm.write("interrupted")
+    finally:
+        bar.close()
+        writer.close()
+    if saved != step:
+        save()
+    return history
+
+
+class _no_interrupts:
+    """Ctrl-C waits until the checkpoint is written, then takes effect."""
+
+    def __enter__(self):
+        self.pending = False
+        try:
+            self.previous = signal.signal(signal.SIGINT, self._note)
+        except ValueError:  # not the main thread
+            self.previous = None
+
+    def _note(self, *_):
+        self.pending = True
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            if self.pending:
+                raise KeyboardInterrupt
+
+
+def validate(trainer, batches):
+    """The mean loss over the validation batches [count, batch, length], each split over the replicas."""
+    dataset = trainer.distribute(tf.data.Dataset.from_tensor_slices(batches))
+    return float(np.mean([float(trainer.loss(batch)) for batch in dataset]))
+
+
+def write_samples(model, enc, args, run_dir, step):
+    """`--sample_num` samples of `--sample_length` tokens from <|endoftext|>, printed and written
+    to samples-<step>.txt."""
+    rows = generate(model, [[enc.eot_token]] * args.sample_num, args.sample_length, top_k=args.top_k,
+                    seed=args.seed + step)
+    text = "".join("=" * 20 + f" SAMPLE {i} " + "=" * 20 + "\n" + enc.decode(row[1:]) + "\n"
+                   for i, row in enumerate(rows))
+    tqdm.write(text)
+    _write_atomic(os.path.join(run_dir, f"samples-{step}.txt"), text)
+
+
+def _current_lr(optimizer):
+    return float(tf.convert_to_tensor(optimizer.learning_rate))  # the schedule's value where there is one
+
+
+def _log(writer, step, **scalars):
+    """TensorBoard scalars, as `tf.summary.scalar` writes them (which needs tensorboard installed)."""
+    metadata = summary_pb2.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    with writer.as_default():
+        for name, value in scalars.items():
+            tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=metadata)
+
+
+def _read_best(run_dir):
+    path = os.path.join(run_dir, "best.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+# ---- command line -----------------------------------------------------------------------
+
+def _type(kind, minimum=None, maximum=None):
+    def parse(text):
+        value = kind(text)
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+    return parse
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m tfgpt2.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--dataset", required=True, help="a text file, a folder, a glob, or an .npz of encoded chunks")
+    a("--model_name", default="124M", help="the model to start from: <models_dir>/<model_name>")
+    a("--models_dir", default="models")
+    a("--combine", type=_type(int, 1), default=50000,
+      help="join text files with <|endoftext|> until at least this many characters per chunk")
+    a("--encoding", default="utf-8", help="the text files' encoding")
+    a("--batch_size", type=_type(int, 1), default=1, help="windows per micro-batch (per replica)")
+    a("--learning_rate", type=_type(float, 0), default=2e-5)
+    a("--optimizer", choices=OPTIMIZERS, default="adam")
+    a("--accumulate_gradients", type=_type(int, 1), default=1,
+      help="micro-batches per update, their gradients averaged")
+    a("--only_train_transformer_layers", action="store_true", help="train the blocks only (not wte, wpe, ln_f)")
+    a("--steps", type=_type(int, -1), default=-1,
+      help="stop when the run has made this many updates in all (-1: never); rerun the same "
+           "command with --restore_from latest to continue an interrupted run exactly")
+    a("--run_name", default="run1")
+    a("--checkpoint_dir", default="checkpoint")
+    a("--restore_from", default="latest",
+      help="latest (the run folder's latest checkpoint, else the base model), fresh (the base "
+           "model), or a model folder / checkpoint prefix (its weights, from step 0)")
+    a("--save_every", type=_type(int, 0), default=1000)
+    a("--max_checkpoints", type=_type(int, 1), default=1)
+    a("--sample_every", type=_type(int, 0), default=100)
+    a("--sample_length", type=_type(int, 1), default=None,
+      help="tokens per sample, and the tokens a training window predicts "
+           "(a window is sample_length + 1 tokens); default n_ctx - 1 (1023), the forks'")
+    a("--sample_num", type=_type(int, 1), default=1)
+    a("--top_k", type=_type(int, 0), default=40)
+    a("--val_dataset", help="validation data; without it, the last --val_fraction of --dataset is held out")
+    a("--val_fraction", type=_type(float, 0, 1), default=0.1)
+    a("--val_every", type=_type(int, 0), default=0)
+    a("--val_batch_size", type=_type(int, 1), default=2)
+    a("--val_batch_count", type=_type(int, 1), default=40)
+    a("--print_every", type=_type(int, 0), default=1, help="log lines when stderr is not a terminal")
+    a("--no_xla", action="store_true", help="run the step without XLA (compiles faster, runs slower)")
+    a("--seed", type=int, default=0, help="draws the windows (and samples)")
+    a("--lr_schedule", choices=("constant", "cosine"), default="constant",
+      help="cosine: down to a tenth of --learning_rate at --steps")
+    a("--warmup_steps", type=_type(int, 0), default=0)
+    a("--clip_norm", type=_type(float, 0), default=0.0, help="clip gradients to this global norm (0: off)")
+    a("--weight_decay", type=_type(float, 0), default=0.0, help="decoupled weight decay (AdamW's)")
+    return p
+
+
+def parse_args(argv=None):
+    p = parser()
+    args = p.parse_args(argv)
+    if args.lr_schedule == "cosine" and args.steps < 1:
+        p.error("--lr_schedule cosine needs --steps")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        train(args)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

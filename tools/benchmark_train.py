@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Training speed of tfgpt2 against KerasHub's `GPT2CausalLM.fit` and HF transformers (PyTorch).
+
+    python tools/benchmark_train.py --model_dir models/124M --batch 4 --length 128
+
+Each candidate runs in a fresh process of its own, one after another, with the model's shape
+(`--model_dir`'s hparams: tfgpt2 loads that checkpoint; KerasHub and transformers, where
+installed, get random weights of the same shape, without dropout), Adam, float32, on random
+token batches of `--batch` x `--length` predicted tokens. Per candidate: tokens per second
+(the median step time of `--steps` steps after `--warmup` steps), the first step's time
+(compilation included) and the process's peak resident memory (VmHWM).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CANDIDATES = ["tfgpt2", "keras-hub", "transformers"]
+
+
+def peak_rss_mb():
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def batches(args, n_vocab):
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, n_vocab, [args.batch, args.length + 1]).astype(np.int32)
+            for _ in range(args.warmup + args.steps)]
+
+
+def time_steps(step, data):
+    """Seconds of each call step(batch)."""
+    seconds = []
+    for batch in data:
+        start = time.perf_counter()
+        step(batch)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def run_tfgpt2(args):
+    sys.path.insert(0, ROOT)
+    import tensorflow as tf
+    from tfgpt2 import load_model
+    from tfgpt2.train import Trainer, make_optimizer
+    model = load_model(args.model_dir)
+    trainer = Trainer(model, make_optimizer("adam", 2e-5))
+    return time_steps(lambda b: float(trainer.step(tf.constant(b))), batches(args, model.hparams.n_vocab))
+
+
+def run_keras_hub(args):
+    sys.path.insert(0, ROOT)
+    import keras
+    import keras_hub
+    from tfgpt2.hparams import load_hparams
+    hp = load_hparams(args.model_dir)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=hp.n_vocab, num_layers=hp.n_layer, num_heads=hp.n_head, hidden_dim=hp.n_embd,
+        intermediate_dim=4 * hp.n_embd, max_sequence_length=hp.n_ctx, dropout=0.0)
+    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    model.compile(optimizer=keras.optimizers.Adam(2e-5, epsilon=1e-8),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+    mask = np.ones([args.batch, args.length], bool)
+    return time_steps(lambda b: model.train_on_batch({"token_ids": b[:, :-1], "padding_mask": mask}, b[:, 1:]),
+                      batches(args, hp.n_vocab))
+
+
+def run_transformers(args):
+    sys.path.insert(0, ROOT)
+    import torch
+    import transformers
+    from tfgpt2.hparams import load_hparams
+    hp = load_hparams(args.model_dir)
+    config = transformers.GPT2Config(vocab_size=hp.n_vocab, n_positions=hp.n_ctx, n_embd=hp.n_embd,
+                                     n_layer=hp.n_layer, n_head=hp.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-5, eps=1e-8)
+
+    def step(batch):
+        batch = torch.from_numpy(batch.astype(np.int64))
+        logits = model(batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return time_steps(step, batches(args, hp.n_vocab))
+
+
+def worker(args):
+    seconds = {"tfgpt2": run_tfgpt2, "keras-hub": run_keras_hub, "transformers": run_transformers}[args.worker](args)
+    timed = seconds[args.warmup:]
+    print(json.dumps({"tokens_per_s": args.batch * args.length / float(np.median(timed)),
+                      "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb()}))
+
+
+def installed(candidate):
+    import importlib.util
+    needs = {"tfgpt2": [], "keras-hub": ["keras_hub"], "transformers": ["torch", "transformers"]}[candidate]
+    return all(importlib.util.find_spec(m) for m in needs)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_dir", default="models/124M")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--length", type=int, default=128, help="predicted tokens per row (the model reads as many)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=CANDIDATES)
+    p.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
+          f"{args.steps} steps after {args.warmup})\n|---|---:|---:|---:|", flush=True)
+    for candidate in args.candidates:
+        if not installed(candidate):
+            print(f"| {candidate} | not installed | | |", flush=True)
+            continue
+        argv = [sys.executable, __file__, "--worker", candidate] + [
+            x for k in ("model_dir", "batch", "length", "steps", "warmup") for x in (f"--{k}", str(getattr(args, k)))]
+        out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        if out.returncode:
+            print(f"| {candidate} | failed: {out.stderr.strip().splitlines()[-1:]} | | |", flush=True)
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"| {candidate} | {r['tokens_per_s']:.0f} | {r['first_step_s']:.1f} | {r['peak_rss_mb']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
