@@ -13,6 +13,8 @@ reach every layer: variables in the policy's variable dtype, matmuls and the res
 in its compute dtype, LayerNorm statistics and the attention softmax in float32, and the
 logits always returned as float32. Under float32 the math is the original's, op for op.
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 import keras
@@ -29,7 +31,7 @@ def normal(stddev, initialize=True):
 
 def uninitialized(shape, dtype=None):
     """Memory never written, so never resident: loading replaces each buffer by the tensor
-    read, and a bfloat16 load peaks near the bfloat16 weights plus one float32 tensor."""
+    read, so a load peaks at the weights plus the largest tensor as read (and cast)."""
     return tf.raw_ops.Empty(shape=shape, dtype=dtype or "float32", init=False)
 
 
@@ -372,7 +374,7 @@ class GPT2(keras.Model):
 
         presents, hidden = [], []
         for block, layer_past in zip(self.h, pasts):
-            run = lambda h, block=block, layer_past=layer_past: block(h, layer_past, attn_mask=mask)  # noqa: E731
+            run = functools.partial(block, past=layer_past, attn_mask=mask)
             h, present = (tf.recompute_grad(run) if self.remat else run)(h)
             presents.append(present)
             hidden.append(h)
