@@ -54,7 +54,7 @@ def run_tfgpt2(args):
     from tfgpt2.train import Trainer, make_optimizer
     model = load_model(args.model_dir, dtype=args.precision)
     model.remat = args.remat
-    optimizer = make_optimizer("adam", 2e-5)
+    optimizer = make_optimizer(args.optimizer, 2e-5)
     if args.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     trainer = Trainer(model, optimizer)
@@ -124,18 +124,19 @@ def main():
     p.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
                    help="tfgpt2's dtype policy (as tfgpt2.train --precision); the others run in float32")
     p.add_argument("--remat", action="store_true", help="tfgpt2 recomputes each block in the backward pass")
+    p.add_argument("--optimizer", choices=("adam", "adafactor"), default="adam", help="tfgpt2's optimizer")
     p.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
     print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
-          f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision}{' remat' if args.remat else ''})\n|---|---:|---:|---:|", flush=True)
+          f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}{' remat' if args.remat else ''})\n|---|---:|---:|---:|", flush=True)
     for candidate in args.candidates:
         if not installed(candidate):
             print(f"| {candidate} | not installed | | |", flush=True)
             continue
         argv = [sys.executable, __file__, "--worker", candidate] + [
-            x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision")
+            x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer")
             for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat
         out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         if out.returncode:
