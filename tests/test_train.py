@@ -208,8 +208,11 @@ def test_two_replicas_of_batch_1_equal_one_device_of_batch_2(micro_dir, tmp_path
 
 
 def test_only_train_transformer_layers_leaves_embeddings_unchanged(micro_dir, tmp_path):
+    """Also: Adafactor, and --restore_from a model folder."""
     run(micro_dir, tmp_path, "--dataset", ids_npz(tmp_path / "d.npz", random_ids(40)), "--steps", "2",
-        "--learning_rate", "1e-2", "--only_train_transformer_layers", "--no_xla")
+        "--learning_rate", "1e-2", "--only_train_transformer_layers", "--no_xla", "--optimizer", "adafactor",
+        "--model_name", "elsewhere", "--restore_from", micro_dir)
+    assert (tmp_path / "checkpoint" / "run1" / "vocab.bpe").read_bytes() == open(f"{micro_dir}/vocab.bpe", "rb").read()
     before, after = weights_of(micro_dir), weights_of(tmp_path / "checkpoint" / "run1")
     for name in ("model/wte", "model/wpe", "model/ln_f/g", "model/ln_f/b"):
         np.testing.assert_array_equal(before[name], after[name], err_msg=name)

@@ -38,7 +38,7 @@ def windows(n_tokens, n_ctx, stride):
     return plan
 
 
-def evaluate(model, tokens, *, stride=None, n_bytes=None, batch_size=8):
+def evaluate(model, tokens, *, stride=None, n_bytes=None, batch_size=1):
     """{'loss', 'perplexity', 'tokens', and 'bits_per_byte' given the text's UTF-8 size} for
     `tokens` (the leading <|endoftext|> included), the windows compiled at one shape."""
     n_ctx = model.hparams.n_ctx
@@ -70,7 +70,8 @@ def main(argv=None):
     p.add_argument("--models_dir", default="models")
     p.add_argument("--model_dir", help="a model or run folder (instead of --models_dir/--model_name)")
     p.add_argument("--stride", type=int, help="tokens between window starts (default n_ctx: no overlap)")
-    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--batch_size", type=int, default=1,
+                   help="windows at once (their logits take batch x n_ctx x 50257 floats: 206 MB each for 1024)")
     p.add_argument("--encoding", default="utf-8", help="the text file's encoding")
     args = p.parse_args(argv)
     if args.batch_size < 1:

@@ -14,6 +14,7 @@ variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`
 beside the latest model, `best.json` where validation runs, `samples-<step>.txt`.
 """
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -34,7 +35,7 @@ from tqdm import tqdm  # noqa: E402
 
 from . import data  # noqa: E402
 from .checkpoint import checkpoint_prefix, load_model  # noqa: E402
-from .encoder import get_encoder  # noqa: E402
+from .encoder import ASSETS_DIR, VOCAB_FILES, get_encoder  # noqa: E402
 from .hparams import load_hparams, save_hparams  # noqa: E402
 from .sample import generate  # noqa: E402
 
@@ -74,13 +75,17 @@ class Trainer:
         self.variables = list(variables if variables is not None else model.trainable_variables)
         with self.strategy.scope():
             optimizer.build(self.variables)
-        # XLA compiles the forward and backward passes; the update runs outside it, where a
-        # strategy's optimizer can reach every replica's copy of the variables.
-        # Each compiled function is called from a plain per-replica function, which places it
-        # on that replica's device.
-        self._gradients = tf.function(self._accumulated_gradients, jit_compile=jit_compile)
+        # XLA compiles the forward and backward passes, and on a single device the update too
+        # (unfused, Adam reads and writes each weight a dozen times). With replicas the update
+        # runs outside XLA, where the optimizer reaches every replica's copy of the variables,
+        # and each compiled function is called from a plain per-replica function (which places
+        # it on that replica's device).
+        fuse_update = jit_compile and self.strategy.num_replicas_in_sync == 1
+        self._gradients = (self._accumulated_gradients if fuse_update
+                           else tf.function(self._accumulated_gradients, jit_compile=jit_compile))
+        replica_step = tf.function(self._replica_step, jit_compile=True) if fuse_update else self._replica_step
         self._window_loss = tf.function(lambda tokens: window_loss(model, tokens), jit_compile=jit_compile)
-        self._step = tf.function(lambda batch: self._mean(self._replica_step, batch))
+        self._step = tf.function(lambda batch: self._mean(replica_step, batch))
         self._loss = tf.function(lambda batch: self._mean(lambda tokens: self._window_loss(tokens), batch))
 
     def _mean(self, fn, batch):
@@ -196,11 +201,20 @@ def _save_tensors(run_dir, name, tensors):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _step_of(prefix):
+    """The step in a `model-<step>` prefix, else the `counter` beside it (gpt-2-simple's), else 0."""
+    tail = os.path.basename(prefix).rsplit("-", 1)[-1]
+    if tail.isdigit():
+        return int(tail)
+    counter = os.path.join(os.path.dirname(prefix), "counter")
+    return int(open(counter).read().strip() or 0) if os.path.isfile(counter) else 0
+
+
 def checkpoint_steps(run_dir):
     """Steps of the model-<step> checkpoints the run folder's `checkpoint` file names."""
     state = tf.train.get_checkpoint_state(run_dir)
     paths = state.all_model_checkpoint_paths if state else []
-    return [int(p.rsplit("-", 1)[1]) for p in paths]
+    return [_step_of(p) for p in paths]
 
 
 def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=()):
@@ -209,7 +223,7 @@ def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=()):
     `counter`. Older checkpoints beyond `max_checkpoints` go, except the steps in `keep`;
     optimizer state is kept for the latest only."""
     _save_tensors(run_dir, f"optimizer-{step}",
-                  {f"optimizer/{i}": v for i, v in enumerate(optimizer.variables)})
+                  {f"optimizer/{i}": v for i, v in enumerate(optimizer_state(optimizer))})
     _save_tensors(run_dir, f"model-{step}", {v.path: v for v in model.weights})
     steps = sorted(set(checkpoint_steps(run_dir)) - {step}) + [step]
     kept = [s for i, s in enumerate(steps) if i >= len(steps) - max_checkpoints or s in keep]
@@ -223,6 +237,11 @@ def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=()):
             os.remove(path)
 
 
+def optimizer_state(optimizer):
+    """The optimizer's variables but its learning rate, which comes from the flags."""
+    return [v for v in optimizer.variables if v.name != "learning_rate"]
+
+
 def restore_optimizer(optimizer, run_dir, step):
     """Optimizer state from `optimizer-<step>` beside the weights; False where there is none."""
     prefix = os.path.join(run_dir, f"optimizer-{step}")
@@ -230,10 +249,11 @@ def restore_optimizer(optimizer, run_dir, step):
         return False
     reader = tf.train.load_checkpoint(prefix)
     shapes = reader.get_variable_to_shape_map()
-    if len(shapes) != len(optimizer.variables):
+    state = optimizer_state(optimizer)
+    if len(shapes) != len(state):
         raise ValueError(f"{prefix}: holds {len(shapes)} optimizer variables, this optimizer has "
-                         f"{len(optimizer.variables)} (another --optimizer or --only_train_transformer_layers?)")
-    for i, variable in enumerate(optimizer.variables):
+                         f"{len(state)} (another --optimizer or --only_train_transformer_layers?)")
+    for i, variable in enumerate(state):
         value = reader.get_tensor(f"optimizer/{i}")
         if list(value.shape) != list(variable.shape):
             raise ValueError(f"{prefix}: optimizer/{i} ({variable.path}) has shape {list(value.shape)}, "
@@ -250,7 +270,7 @@ def find_start(args):
     has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoint"))
     if args.restore_from == "latest" and has_checkpoint:
         source, prefix = run_dir, checkpoint_prefix(run_dir)
-        step = int(prefix.rsplit("-", 1)[1])
+        step = _step_of(prefix)
     elif args.restore_from in ("latest", "fresh"):
         if has_checkpoint:
             raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
@@ -269,13 +289,21 @@ def find_start(args):
     return run_dir, source, prefix, step, hparams
 
 
+def vocabulary_dir(*folders):
+    """The first folder holding encoder.json and vocab.bpe; else the copy shipped with tfgpt2."""
+    for folder in folders:
+        if all(os.path.isfile(os.path.join(folder, name)) for name in VOCAB_FILES):
+            return folder
+    return ASSETS_DIR
+
+
 def write_run_files(run_dir, hparams, vocab_dir):
-    """hparams.json, and encoder.json and vocab.bpe from `vocab_dir` where it has them."""
+    """hparams.json, and encoder.json and vocab.bpe from `vocab_dir`."""
     os.makedirs(run_dir, exist_ok=True)
     save_hparams(hparams, run_dir)
-    for name in ("encoder.json", "vocab.bpe"):
+    for name in VOCAB_FILES:
         src, dst = os.path.join(vocab_dir, name), os.path.join(run_dir, name)
-        if os.path.isfile(src) and not os.path.isfile(dst):
+        if not os.path.isfile(dst):
             shutil.copyfile(src, dst + ".tmp")
             os.replace(dst + ".tmp", dst)
 
@@ -315,12 +343,13 @@ def train(args, strategy=None):
     args.sample_length = args.sample_length or hp.n_ctx - 1
     if args.sample_length > hp.n_ctx:
         raise ValueError(f"--sample_length {args.sample_length} exceeds the model's context n_ctx={hp.n_ctx}")
-    enc = get_encoder(args.model_name, args.models_dir)
+    vocab_dir = vocabulary_dir(source, os.path.join(args.models_dir, args.model_name))
+    enc = get_encoder(os.path.basename(vocab_dir), os.path.dirname(vocab_dir))
     windows, val_batches = load_data(args, enc, hp)
     with strategy.scope():
         model = load_model(source, checkpoint=prefix, dtype=args.precision)
     model.remat = args.remat
-    write_run_files(run_dir, hp, os.path.join(args.models_dir, args.model_name))
+    write_run_files(run_dir, hp, vocab_dir)
     variables = trained_variables(model, args.only_train_transformer_layers)
     with strategy.scope():
         optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
@@ -393,24 +422,21 @@ def train(args, strategy=None):
     return history
 
 
-class _no_interrupts:
-    """Ctrl-C waits until the checkpoint is written, then takes effect."""
-
-    def __enter__(self):
-        self.pending = False
-        try:
-            self.previous = signal.signal(signal.SIGINT, self._note)
-        except ValueError:  # not the main thread
-            self.previous = None
-
-    def _note(self, *_):
-        self.pending = True
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            if self.pending:
-                raise KeyboardInterrupt
+@contextlib.contextmanager
+def _no_interrupts():
+    """Ctrl-C waits until the block (writing a checkpoint) is done, then takes effect."""
+    pending = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
+    except ValueError:  # not the main thread: signals go elsewhere anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def validate(trainer, batches):
