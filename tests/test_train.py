@@ -230,6 +230,21 @@ def test_a_tiny_model_memorizes_a_short_text(micro_dir, tmp_path):
     assert np.mean([loss for _, loss in history[-5:]]) < 0.5, history[-5:]
 
 
+@pytest.mark.parametrize("flags", [["--precision", "mixed_bfloat16"], ["--precision", "mixed_float16", "--remat"]],
+                         ids=["mixed_bfloat16", "mixed_float16-remat"])
+def test_mixed_precision_memorizes_a_short_text_as_float32(micro_dir, tmp_path, flags):
+    """As the float32 test above; float16 with dynamic loss scaling never diverges."""
+    text = tmp_path / "poem.txt"
+    text.write_text("Tyger Tyger, burning bright, In the forests of the night; "
+                    "What immortal hand or eye, Could frame thy fearful symmetry?")
+    history = run(micro_dir, tmp_path, "--dataset", str(text), "--steps", "60", "--batch_size", "4",
+                  "--learning_rate", "1e-2", "--no_xla", *flags)
+    assert all(np.isfinite(loss) for _, loss in history), history
+    assert np.mean([loss for _, loss in history[-5:]]) < 0.5, history[-5:]
+    weights = weights_of(str(tmp_path / "checkpoint" / "run1"))
+    assert {w.dtype for w in weights.values()} == {np.dtype(np.float32)}  # the original layout
+
+
 # ---- bad input ----------------------------------------------------------------------------
 
 def _fails(capsys, tiny_dir, tmp_path, message, *flags):

@@ -12,6 +12,7 @@ import tfgpt2
 from .hparams import load_hparams, missing_model
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notices, before it is imported
+DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]  # Keras dtype policies
 
 
 class Parser(argparse.ArgumentParser):
@@ -47,6 +48,8 @@ def parser(module, description, *, nsamples=None, nsamples_min=0, nsamples_help=
                         "1 (default) means no limit")
     p.add_argument("--models_dir", default="models", help="the folder holding the <model_name> folders")
     p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
     return p
 
 
@@ -77,7 +80,7 @@ def load(args, default_length):
         if args.length is not None and args.length > n_ctx:
             sys.exit(f"Can't get samples longer than window size: {n_ctx}")
         enc = tfgpt2.get_encoder(args.model_name, models_dir)
-        model = tfgpt2.load_model(model_dir)
+        model = tfgpt2.load_model(model_dir, dtype=args.dtype)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     return model, enc, default_length(n_ctx) if args.length is None else args.length

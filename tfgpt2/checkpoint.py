@@ -98,13 +98,17 @@ def load_weights(model, path):
 
 
 def _restore(model, prefix, source):
-    """Each variable from the checkpoint tensor `source` maps its name to."""
+    """Each variable from the checkpoint tensor `source` maps its name to, cast to the
+    variable's dtype as it is read (one tensor at a time: never a float32 copy of a bfloat16
+    model)."""
+    stored = _open(prefix).get_variable_to_dtype_map()
+
     @tf.function(reduce_retracing=True)
-    def restore(variable, name):
+    def restore(variable, name, dtype):
         # Inside a graph the restored tensor has no other owner, so the assignment takes its
         # buffer instead of copying it: peak memory is the weights plus one tensor.
-        variable.assign(tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
-                                             dtypes=[variable.dtype])[0])
+        variable.assign(tf.cast(tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
+                                                     dtypes=[dtype])[0], variable.dtype))
 
     for variable in model.weights:
         name = source[variable.path]
@@ -113,7 +117,7 @@ def _restore(model, prefix, source):
         copies = getattr(variable.value, "values", (variable.value,))
         try:
             for copy in copies:
-                restore(copy, tf.constant(name))
+                restore(copy, tf.constant(name), stored[name])
         except tf.errors.OpError as e:
             raise CheckpointError(f"{prefix}.data-00000-of-00001: cannot read tensor {name!r} "
                                   f"(truncated or corrupt?): {_message(e)}") from None
@@ -130,18 +134,19 @@ def find_model_dir(model, models_dir="models"):
     raise FileNotFoundError(missing_model(model, models_dir))
 
 
-def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, models_dir="models"):
+def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, models_dir="models"):
     """Build `GPT2` from `<model_dir>/hparams.json` and load the original checkpoint into it.
 
     `model_dir` is a folder, or a model name ("124M") for `<models_dir>/<name>`.
     `checkpoint` (a folder or prefix) defaults to `model_dir`. The checkpoint's names and
-    shapes are checked against the hparams before any weight is allocated.
+    shapes are checked against the hparams before any weight is allocated. `dtype`: a Keras
+    dtype policy ("bfloat16", "mixed_float16", ...); each tensor is cast as it is read.
     """
     model_dir = find_model_dir(model_dir, models_dir)
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
     source = _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)
-    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False)
+    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype)
     return _restore(model, prefix, source)
 
 
@@ -172,6 +177,7 @@ def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
 
 
 def save_model(model, model_dir):
-    """Save `model` so that OpenAI's own code restores it (`tf.train.Saver` on `model_dir`)."""
-    return save_checkpoint({v.path: v for v in model.weights}, model.hparams, model_dir)
+    """Save `model` so that OpenAI's own code restores it (`tf.train.Saver` on `model_dir`):
+    float32, whatever the model's dtype policy."""
+    return save_checkpoint({v.path: tf.cast(v, tf.float32) for v in model.weights}, model.hparams, model_dir)
 

@@ -110,20 +110,22 @@ def _rank_2(x):
     return tf.ensure_shape(x, [None, None])
 
 
-def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot=False, eot=EOT_TOKEN):
+def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot=False, eot=EOT_TOKEN, dtype=None):
     """Write the SavedModel to `<export_dir>/<version>/`, TF Serving's layout; returns that path.
 
     `model_dir_or_model` is a model folder or a `GPT2`. `stop_at_eot` fixes for every request
     whether a row stops after `eot`. The version folder is written under a hidden name and
     renamed when complete, so a server watching `export_dir` never loads half of it; an
-    existing version is never overwritten.
+    existing version is never overwritten. `dtype`: the dtype policy a model folder is loaded
+    with (a bfloat16 SavedModel stores bfloat16 variables and computes in bfloat16; its logits
+    are float32).
     """
     if int(version) < 0:
         raise ValueError(f"version must be >= 0, got {version}")
     target = os.path.join(export_dir, str(int(version)))
     if os.path.exists(target):
         raise FileExistsError(f"{target} exists; export another version or remove it")
-    model = load_model(model_dir_or_model) if isinstance(model_dir_or_model, (str, os.PathLike)) \
+    model = load_model(model_dir_or_model, dtype=dtype) if isinstance(model_dir_or_model, (str, os.PathLike)) \
         else model_dir_or_model
     module = Serving(model, stop_at_eot=stop_at_eot, eot=eot)
     tmp = os.path.join(export_dir, f".tmp-{int(version)}-{os.getpid()}")

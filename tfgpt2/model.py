@@ -7,7 +7,14 @@ Each layer's variables carry the checkpoint's names (`model/h0/attn/c_attn/w`, s
 `GPT2.call_with_cache` instead: the same blocks over a fixed-size key/value cache written in
 place, with left padding, and optionally with the block weights in another memory layout
 (`GPT2.transposed_weights`). Both share every projection, the mask and the softmax.
+
+Keras dtype policies (`GPT2(hparams, dtype="mixed_bfloat16")`, "bfloat16", "float16", ...)
+reach every layer: variables in the policy's variable dtype, matmuls and the residual stream
+in its compute dtype, LayerNorm statistics and the attention softmax in float32, and the
+logits always returned as float32. Under float32 the math is the original's, op for op.
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 import keras
@@ -17,9 +24,15 @@ from .hparams import as_hparams, default_hparams
 
 
 def normal(stddev, initialize=True):
-    """The original's random_normal_initializer; zeros for a model a checkpoint is loaded into
-    (random init of 124M parameters takes seconds and memory for nothing)."""
-    return keras.initializers.RandomNormal(stddev=stddev) if initialize else "zeros"
+    """The original's random_normal_initializer; `uninitialized` for a model a checkpoint is
+    loaded into (random init of 124M parameters takes seconds and memory for nothing)."""
+    return keras.initializers.RandomNormal(stddev=stddev) if initialize else uninitialized
+
+
+def uninitialized(shape, dtype=None):
+    """Memory never written, so never resident: loading replaces each buffer by the tensor
+    read, so a load peaks at the weights plus the largest tensor as read (and cast)."""
+    return tf.raw_ops.Empty(shape=shape, dtype=dtype or "float32", init=False)
 
 
 def shape_list(x):
@@ -58,10 +71,11 @@ class Norm(keras.layers.Layer):
         self.b = self.add_weight(name="b", shape=[self.n_state], initializer="zeros")
 
     def call(self, x):
+        x = tf.cast(x, tf.float32)  # the statistics in float32 under any dtype policy
         u = tf.reduce_mean(x, axis=-1, keepdims=True)
         s = tf.reduce_mean(tf.square(x - u), axis=-1, keepdims=True)
         x = (x - u) * tf.math.rsqrt(s + self.epsilon)
-        return x * self.g + self.b
+        return tf.cast(x, self.compute_dtype) * self.g + self.b
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -146,8 +160,8 @@ class Attention(keras.layers.Layer):
         hparams = as_hparams(hparams)
         assert n_state % hparams.n_head == 0
         self.n_state, self.hparams, self.n_head = n_state, hparams, hparams.n_head
-        self.c_attn = Conv1D(n_state, n_state * 3, initialize=initialize, name="c_attn")
-        self.c_proj = Conv1D(n_state, n_state, initialize=initialize, name="c_proj")
+        self.c_attn = Conv1D(n_state, n_state * 3, initialize=initialize, name="c_attn", dtype=self.dtype_policy)
+        self.c_proj = Conv1D(n_state, n_state, initialize=initialize, name="c_proj", dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         self.c_attn.build(input_shape)
@@ -189,17 +203,18 @@ class Attention(keras.layers.Layer):
 
 def mask_attn_weights(w, b):
     # w is [batch, heads, dst_sequence, src_sequence]; b is [dst, src] or [batch, dst, src].
-    b = b[None, None] if b.shape.rank == 2 else b[:, None]
-    return w * b - tf.cast(1e10, w.dtype) * (1 - b)
+    b = tf.cast(b[None, None] if b.shape.rank == 2 else b[:, None], w.dtype)
+    # the original's 1e10, or float16's largest value (1e10 overflows float16 into inf * 0 = NaN)
+    return w * b - tf.cast(min(1e10, float(w.dtype.max)), w.dtype) * (1 - b)
 
 
 def multihead_attn(q, k, v, mask):
-    # q, k, v have shape [batch, heads, sequence, features]
-    w = tf.matmul(q, k, transpose_b=True)
+    # q, k, v have shape [batch, heads, sequence, features]; the softmax in float32
+    w = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)
     w = w * tf.math.rsqrt(tf.cast(v.shape[-1], w.dtype))
     w = mask_attn_weights(w, mask)
     w = softmax(w)
-    return tf.matmul(w, v)
+    return tf.matmul(tf.cast(w, v.dtype), v)
 
 
 @serializable
@@ -208,8 +223,8 @@ class MLP(keras.layers.Layer):
 
     def __init__(self, nx, n_state, *, initialize=True, **kwargs):
         super().__init__(**kwargs)
-        self.c_fc = Conv1D(nx, n_state, initialize=initialize, name="c_fc")
-        self.c_proj = Conv1D(n_state, nx, initialize=initialize, name="c_proj")
+        self.c_fc = Conv1D(nx, n_state, initialize=initialize, name="c_fc", dtype=self.dtype_policy)
+        self.c_proj = Conv1D(n_state, nx, initialize=initialize, name="c_proj", dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         self.c_fc.build(input_shape)
@@ -233,10 +248,11 @@ class Block(keras.layers.Layer):
         super().__init__(**kwargs)
         self.hparams = hparams = as_hparams(hparams)
         nx = hparams.n_embd
-        self.ln_1 = Norm(nx, name="ln_1")
-        self.attn = Attention(nx, hparams=hparams, initialize=initialize, name="attn")
-        self.ln_2 = Norm(nx, name="ln_2")
-        self.mlp = MLP(nx, nx * 4, initialize=initialize, name="mlp")
+        dtype = self.dtype_policy
+        self.ln_1 = Norm(nx, name="ln_1", dtype=dtype)
+        self.attn = Attention(nx, hparams=hparams, initialize=initialize, name="attn", dtype=dtype)
+        self.ln_2 = Norm(nx, name="ln_2", dtype=dtype)
+        self.mlp = MLP(nx, nx * 4, initialize=initialize, name="mlp", dtype=dtype)
 
     def build(self, input_shape=None):
         for layer in (self.ln_1, self.attn, self.ln_2, self.mlp):
@@ -343,21 +359,26 @@ class GPT2(keras.Model):
 
     `model(X, past=None)` returns {'logits': [batch, T, n_vocab],
     'present': [batch, n_layer, 2, n_head, T, n_embd // n_head]} as the original does.
-    `initialize=False` creates the variables as zeros, for a checkpoint to be loaded into.
+    `initialize=False` leaves the variables unwritten, for a checkpoint to be loaded into.
+    `dtype`: a Keras dtype policy ("float32", "bfloat16", "float16", "mixed_bfloat16",
+    "mixed_float16"); `present` comes in its compute dtype, the logits always in float32.
+    `remat=True` keeps only each block's input for the backward pass and recomputes the rest
+    (`tf.recompute_grad`): less memory for fine-tuning, one more forward pass of time.
 
     Saved the Keras way (`model.save("x.keras")`), it loads with `keras.models.load_model`
     wherever `tfgpt2.model` has been imported (which registers it).
     """
 
-    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, name="model", **kwargs):
+    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, remat=False, name="model", **kwargs):
         super().__init__(name=name, **kwargs)
+        self.remat = remat
         self.hparams = as_hparams(hparams or default_hparams()).validate()
         if self.hparams.n_vocab < 1:
             raise ValueError("hparams.n_vocab must be set (>= 1); read it from hparams.json")
         self.tie_embeddings, self.initialize = tie_embeddings, initialize
-        self.h = [Block(hparams=self.hparams, initialize=initialize, name=f"h{layer}")
+        self.h = [Block(hparams=self.hparams, initialize=initialize, name=f"h{layer}", dtype=self.dtype_policy)
                   for layer in range(self.hparams.n_layer)]
-        self.ln_f = Norm(self.hparams.n_embd, name="ln_f")
+        self.ln_f = Norm(self.hparams.n_embd, name="ln_f", dtype=self.dtype_policy)
         self.generators = {}  # jit_compile -> sample.Generator, made on first use
         self.build()
 
@@ -403,7 +424,8 @@ class GPT2(keras.Model):
 
         presents, hidden = [], []
         for block, layer_past in zip(self.h, pasts):
-            h, present = block(h, layer_past, attn_mask=mask)
+            run = functools.partial(block, past=layer_past, attn_mask=mask)
+            h, present = (tf.recompute_grad(run) if self.remat else run)(h)
             presents.append(present)
             hidden.append(h)
         results = {"present": tf.stack(presents, axis=1), "logits": self.lm_logits(h)}
@@ -423,7 +445,7 @@ class GPT2(keras.Model):
         hp = self.hparams
         sequence = shape_list(X)[1]
         positions = positions_for(X, cache_index, pad)
-        h = tf.gather(self.wte, X) + tf.gather(self.wpe, positions)
+        h = tf.gather(self.as_compute(self.wte), X) + tf.gather(self.as_compute(self.wpe), positions)
         mask = attention_mask(sequence, shape_list(cache[0][0])[2], dtype=h.dtype, offset=cache_index, pad=pad)
         new_cache = []
         for block, layer_cache, w_t in zip(self.h, cache, weights or [(None,) * 4] * hp.n_layer):
@@ -431,16 +453,20 @@ class GPT2(keras.Model):
             new_cache.append(layer_cache)
         return self.lm_logits(h[:, -1:])[:, 0], new_cache
 
+    def as_compute(self, variable):
+        """A model-level variable in the compute dtype (Keras autocasts only inside `__call__`)."""
+        return tf.cast(variable, self.compute_dtype)
+
     def lm_logits(self, h):
-        """The final norm, then logits from `wte` (or `out_head`): [batch, T, n_vocab]."""
+        """The final norm, then logits from `wte` (or `out_head`): [batch, T, n_vocab] float32."""
         hp = self.hparams
         batch, sequence, _ = shape_list(h)
         h = self.ln_f(h)
 
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
-        logits = tf.matmul(h_flat, self.wte if self.tie_embeddings else self.out_head, transpose_b=True)
-        return tf.reshape(logits, [batch, sequence, hp.n_vocab])
+        logits = tf.matmul(h_flat, self.as_compute(self.wte if self.tie_embeddings else self.out_head), transpose_b=True)
+        return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, hp.n_vocab])
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """`fit`/`evaluate`: a plain loss sees the logits alone (`present` is never built
@@ -460,7 +486,7 @@ class GPT2(keras.Model):
         on a CPU, which spend their time reading the weights: XLA multiplies a few rows by a
         [nx, nf] weight on one core, and by the [nf, nx] copy on all of them (README, Speed).
         XLA only (it needs an optimization barrier)."""
-        return [tuple(tf.transpose(tf.reshape(conv.w, [-1, conv.nf]))
+        return [tuple(tf.transpose(tf.reshape(self.as_compute(conv.w), [-1, conv.nf]))
                       for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj))
                 for block in self.h]
 

@@ -227,7 +227,7 @@ class Generator:
         hp = self.model.hparams
         batch, prompt_len = shape_list(prompt)
         shape = past_shape(hparams=hp, batch_size=batch, sequence=shape_list(tokens)[1])
-        cache = [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
+        cache = [(tf.zeros(shape[:1] + shape[3:], self.model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
         logits, cache = self.model.call_with_cache(prompt, cache, 0, pad=pad, weights=weights)
         state = dict(i=tf.constant(0), token=tf.zeros([batch], tf.int32), cache=cache,
                      tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),

@@ -95,6 +95,7 @@ class Trainer:
         with tf.GradientTape() as tape:
             loss = window_loss(self.model, tokens)
             scaled = loss / self.strategy.num_replicas_in_sync  # the optimizer sums over replicas
+            scaled = self.optimizer.scale_loss(scaled)  # float16's loss scale; 1 otherwise
         return loss, [tf.convert_to_tensor(g) for g in tape.gradient(scaled, self.variables)]
 
     def _accumulated_gradients(self, tokens):
@@ -349,7 +350,8 @@ def train(args, strategy=None):
     enc = get_encoder(os.path.basename(vocab_dir), os.path.dirname(vocab_dir))
     windows, val_batches = load_data(args, enc, hp)
     with strategy.scope():
-        model = load_model(source, checkpoint=prefix)
+        model = load_model(source, checkpoint=prefix, dtype=args.precision)
+    model.remat = args.remat
     if chief:
         write_run_files(run_dir, hp, vocab_dir)
     variables = trained_variables(model, args.only_train_transformer_layers)
@@ -358,6 +360,8 @@ def train(args, strategy=None):
                                    warmup_steps=args.warmup_steps, total_steps=args.steps,
                                    clip_norm=args.clip_norm, weight_decay=args.weight_decay,
                                    variables=variables)
+        if args.precision == "mixed_float16":  # dynamic loss scaling; a step with inf or NaN is skipped
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     trainer = Trainer(model, optimizer, variables=variables, accumulate=args.accumulate_gradients,
                       strategy=strategy, jit_compile=not args.no_xla)
     if step and not restore_optimizer(optimizer, run_dir, step):
@@ -540,6 +544,9 @@ def parser():
     a("--warmup_steps", type=_type(int, 0), default=0)
     a("--clip_norm", type=_type(float, 0), default=0.0, help="clip gradients to this global norm (0: off)")
     a("--weight_decay", type=_type(float, 0), default=0.0, help="decoupled weight decay (AdamW's)")
+    a("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
+      help="mixed_*: float32 weights, matmuls in 16 bits (float16 with dynamic loss scaling)")
+    a("--remat", action="store_true", help="recompute each block in the backward pass: less memory, more time")
     return p
 
 

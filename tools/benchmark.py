@@ -16,6 +16,7 @@ installed. Per candidate and batch size:
 - compile: the first call's time minus a warm call's, both lengths;
 - peak memory: the process's peak resident set (VmHWM), the runtime included.
 
+`--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
 `--top_k` says otherwise.
 """
@@ -45,7 +46,7 @@ def tfgpt2_runner(args, jit_compile):
     sys.path.insert(0, ROOT)
     from tfgpt2 import load_model
     from tfgpt2.sample import generate
-    model = load_model(args.model_dir)
+    model = load_model(args.model_dir, dtype=args.dtype)
 
     def run(context, length):
         generate(model, context.tolist(), length, top_k=args.top_k, seed=0, jit_compile=jit_compile)
@@ -154,7 +155,7 @@ def measure(candidate, batch, args):
     command = [sys.executable, os.path.abspath(__file__), "--worker", candidate, "--batch_size", str(batch),
                "--model_dir", args.model_dir, "--reference_src", args.reference_src, "--runs", str(args.runs),
                "--short", str(args.short), "--long", str(args.long), "--prompt_len", str(args.prompt_len),
-               "--top_k", str(args.top_k)]
+               "--top_k", str(args.top_k), "--dtype", args.dtype]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -187,6 +188,8 @@ def main(argv=None):
     parser.add_argument("--long", type=int, default=160)
     parser.add_argument("--prompt_len", type=int, default=512)
     parser.add_argument("--top_k", type=int, default=0)
+    parser.add_argument("--dtype", default="float32",
+                        help="tfgpt2's Keras dtype policy (bfloat16, ...); the others run in float32")
     parser.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     parser.add_argument("--batch_size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -203,7 +206,7 @@ def main(argv=None):
                 print(f"measuring {candidate} at batch {batch} ...", file=sys.stderr, flush=True)
                 results[(candidate, batch)] = measure(candidate, batch, args)
     print(f"\n`{' '.join(['python', 'tools/benchmark.py'] + (argv or sys.argv[1:]))}`, {os.cpu_count()} CPUs, "
-          f"medians of {args.runs} runs, top_k={args.top_k}\n")
+          f"medians of {args.runs} runs, top_k={args.top_k}, tfgpt2 in {args.dtype}\n")
     print(table(results, args.batch))
 
 

@@ -6,7 +6,8 @@
 Each candidate runs in a fresh process of its own, one after another, with the model's shape
 (`--model_dir`'s hparams: tfgpt2 loads that checkpoint; KerasHub and transformers, where
 installed, get random weights of the same shape, without dropout), Adam, float32, on random
-token batches of `--batch` x `--length` predicted tokens. Per candidate: tokens per second
+token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`: tfgpt2's,
+as `tfgpt2.train` takes them). Per candidate: tokens per second
 (the median step time of `--steps` steps after `--warmup` steps), the first step's time
 (compilation included) and the process's peak resident memory (VmHWM).
 """
@@ -48,10 +49,15 @@ def time_steps(step, data):
 def run_tfgpt2(args):
     sys.path.insert(0, ROOT)
     import tensorflow as tf
+    import keras
     from tfgpt2 import load_model
     from tfgpt2.train import Trainer, make_optimizer
-    model = load_model(args.model_dir)
-    trainer = Trainer(model, make_optimizer("adam", 2e-5))
+    model = load_model(args.model_dir, dtype=args.precision)
+    model.remat = args.remat
+    optimizer = make_optimizer(args.optimizer, 2e-5)
+    if args.precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    trainer = Trainer(model, optimizer)
     return time_steps(lambda b: float(trainer.step(tf.constant(b))), batches(args, model.hparams.n_vocab))
 
 
@@ -115,18 +121,23 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=CANDIDATES)
+    p.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
+                   help="tfgpt2's dtype policy (as tfgpt2.train --precision); the others run in float32")
+    p.add_argument("--remat", action="store_true", help="tfgpt2 recomputes each block in the backward pass")
+    p.add_argument("--optimizer", choices=("adam", "adafactor"), default="adam", help="tfgpt2's optimizer")
     p.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
     print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
-          f"{args.steps} steps after {args.warmup})\n|---|---:|---:|---:|", flush=True)
+          f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}{' remat' if args.remat else ''})\n|---|---:|---:|---:|", flush=True)
     for candidate in args.candidates:
         if not installed(candidate):
             print(f"| {candidate} | not installed | | |", flush=True)
             continue
         argv = [sys.executable, __file__, "--worker", candidate] + [
-            x for k in ("model_dir", "batch", "length", "steps", "warmup") for x in (f"--{k}", str(getattr(args, k)))]
+            x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer")
+            for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat
         out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         if out.returncode:
             print(f"| {candidate} | failed: {out.stderr.strip().splitlines()[-1:]} | | |", flush=True)

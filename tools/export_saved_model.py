@@ -13,6 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tfgpt2._cli import DTYPES  # noqa: E402
 from tfgpt2.encoder import EOT_TOKEN  # noqa: E402
 from tfgpt2.export import checkpoint_bytes, export_saved_model, folder_bytes  # noqa: E402
 
@@ -24,12 +25,14 @@ def main(argv=None):
     parser.add_argument("--version", type=int, default=1, help="version subfolder (default 1); never overwritten")
     parser.add_argument("--stop_at_eot", action="store_true",
                         help="generate: a row stops after <|endoftext|> (fixed for every request)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the Keras dtype policy to export with: bfloat16 halves the variables (default float32)")
     parser.add_argument("--eot", type=int, default=EOT_TOKEN, help=f"the <|endoftext|> id (default {EOT_TOKEN})")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
         path = export_saved_model(args.model_dir, args.export_dir, args.version,
-                                  stop_at_eot=args.stop_at_eot, eot=args.eot)
+                                  stop_at_eot=args.stop_at_eot, eot=args.eot, dtype=args.dtype)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         parser.exit(1, f"error: {e}\n")
     seconds = time.perf_counter() - start

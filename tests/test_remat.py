@@ -1,0 +1,66 @@
+"""GPT2(remat=True): each block recomputed in the backward pass; same gradients, less memory."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import ROOT
+from tfgpt2 import GPT2
+from tfgpt2.hparams import default_hparams
+
+HPARAMS = dict(n_vocab=256, n_ctx=256, n_embd=128, n_head=4, n_layer=6)
+
+
+def gradients(model, tokens):
+    with tf.GradientTape() as tape:
+        logits = model(tokens)["logits"]
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(tokens[:, 1:], logits[:, :-1]))
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_remat_gives_the_same_gradients(compiled):
+    hp = default_hparams().override_from_dict(dict(HPARAMS, n_layer=3, n_ctx=32))
+    plain, remat = GPT2(hp), GPT2(hp, remat=True)
+    for a, b in zip(remat.weights, plain.weights):
+        b.assign(b * (5 if len(b.shape) > 1 else 1))  # matrices of std 0.1
+        a.assign(b)
+    tokens = tf.constant(np.random.default_rng(0).integers(0, 256, size=[2, 32]))
+    run = tf.function(gradients) if compiled else gradients
+    loss, expected = run(plain, tokens)
+    loss_remat, actual = run(remat, tokens)
+    assert float(loss) == float(loss_remat)
+    assert len(actual) == len(expected) == len(plain.trainable_variables)
+    for v, a, e in zip(plain.trainable_variables, actual, expected):
+        assert np.abs(tf.convert_to_tensor(a) - tf.convert_to_tensor(e)).max() <= 1e-5, v.path
+    assert max(float(tf.reduce_max(tf.abs(tf.convert_to_tensor(e)))) for e in expected) > 1e-3, "gradients too small to compare"
+
+
+PEAK = """
+import re, sys, numpy as np, tensorflow as tf
+def kb(key): return int(re.search(key + r":\\s+(\\d+)", open('/proc/self/status').read()).group(1)) * 1024
+from tests.test_remat import HPARAMS, gradients
+from tfgpt2 import GPT2
+from tfgpt2.hparams import default_hparams
+model = GPT2(default_hparams().override_from_dict(HPARAMS), remat=sys.argv[1] == "1")
+tokens = tf.constant(np.random.default_rng(0).integers(0, 256, size=[16, 256]))
+before = kb('VmRSS')
+tf.function(gradients)(model, tokens)
+print(kb('VmHWM') - before)
+"""
+
+
+def test_remat_lowers_peak_memory():
+    """Peak memory of one gradient computation (tf.function, batch 16 x 256 tokens, 6 blocks of
+    width 128), each in a fresh process. Measured: 917 MB without remat, 270 MB with it
+    (under XLA: 899 and 651 MB)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    peak = [int(re.findall(r"^(\d+)$", subprocess.run([sys.executable, "-c", PEAK, remat], capture_output=True,
+                                                        text=True, env=env, check=True, cwd=str(ROOT)).stdout,
+                           re.M)[-1]) for remat in "01"]
+    print(f"peak memory of a gradient: {peak[0] / 1e6:.0f} MB, with remat {peak[1] / 1e6:.0f} MB")
+    assert peak[1] < 0.6 * peak[0]
