@@ -150,29 +150,40 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, m
     return _restore(model, prefix, source)
 
 
-def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
-    """Write `tensors` (checkpoint name -> array or variable) in the original layout:
-    `checkpoint`, `<name>.index`, `<name>.data-00000-of-00001`, `hparams.json`.
-
-    Files are written in a temporary folder inside `model_dir` and moved into place when
-    complete, the `checkpoint` file last, so an interrupted save leaves no partial file under
-    a final name.
-    """
-    os.makedirs(model_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=model_dir)
+def save_tensors(folder, name, tensors):
+    """Write `tensors` (checkpoint name -> array or variable) as `<name>.index` and
+    `<name>.data-00000-of-00001` in `folder`, under a temporary folder first and moved in
+    when complete, so an interrupted save leaves no partial file under a final name."""
+    os.makedirs(folder, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=folder)
     try:
         names = sorted(tensors)
         tf.raw_ops.SaveV2(prefix=os.path.join(tmp, name), tensor_names=names,
                           shape_and_slices=[""] * len(names),
                           tensors=[tf.convert_to_tensor(tensors[n]) for n in names])
-        with open(os.path.join(tmp, "checkpoint"), "w") as f:
-            f.write(f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
-        save_hparams(hparams, tmp)
-        files = sorted(os.listdir(tmp), key=lambda f: f == "checkpoint")
-        for filename in files:
-            os.replace(os.path.join(tmp, filename), os.path.join(model_dir, filename))
+        for filename in os.listdir(tmp):
+            os.replace(os.path.join(tmp, filename), os.path.join(folder, filename))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return os.path.join(folder, name)
+
+
+def write_atomic(path, text):
+    """`path` holds `text` once complete, and never part of it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
+    """Write `tensors` (checkpoint name -> array or variable) in the original layout:
+    `<name>.index`, `<name>.data-00000-of-00001`, `hparams.json`, then the `checkpoint` file
+    that names them, each written whole under a temporary name."""
+    save_tensors(model_dir, name, tensors)
+    save_hparams(hparams, model_dir)
+    write_atomic(os.path.join(model_dir, "checkpoint"),
+                 f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
     return os.path.join(model_dir, name)
 
 
@@ -180,4 +191,3 @@ def save_model(model, model_dir):
     """Save `model` so that OpenAI's own code restores it (`tf.train.Saver` on `model_dir`):
     float32, whatever the model's dtype policy."""
     return save_checkpoint({v.path: tf.cast(v, tf.float32) for v in model.weights}, model.hparams, model_dir)
-

@@ -321,8 +321,8 @@ def check_past(past, batch, hparams):
     known dimension fails naming both shapes."""
     expected = past_shape(hparams=hparams, batch_size=batch if isinstance(batch, int) else None)
     shape = past.shape.as_list()
-    if len(shape) != len(expected) or any(e is not None and s is not None and e != s
-                                         for e, s in zip(expected, shape)):
+    known = [(e, s) for e, s in zip(expected, shape) if e is not None and s is not None]
+    if len(shape) != len(expected) or any(e != s for e, s in known):
         names = "[batch, n_layer, 2, n_head, sequence, n_embd // n_head]"
         raise ValueError(f"past must be {names} = {['?' if e is None else e for e in expected]}, "
                          f"got shape {shape}")

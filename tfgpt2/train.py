@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -34,7 +33,7 @@ from tensorflow.core.framework import summary_pb2  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from . import data, distribute  # noqa: E402
-from .checkpoint import checkpoint_prefix, load_model  # noqa: E402
+from .checkpoint import checkpoint_prefix, load_model, save_tensors, write_atomic  # noqa: E402
 from .encoder import ASSETS_DIR, VOCAB_FILES, get_encoder  # noqa: E402
 from .hparams import load_hparams, save_hparams  # noqa: E402
 from .sample import generate  # noqa: E402
@@ -181,27 +180,6 @@ def trained_variables(model, only_transformer_layers=False):
 
 # ---- run folder -------------------------------------------------------------------------
 
-def _write_atomic(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _save_tensors(run_dir, name, tensors):
-    """`<name>.index` and `<name>.data-*` in run_dir, written under a temporary folder first."""
-    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=run_dir)
-    try:
-        names = list(tensors)
-        tf.raw_ops.SaveV2(prefix=os.path.join(tmp, name), tensor_names=names,
-                          shape_and_slices=[""] * len(names),
-                          tensors=[tf.convert_to_tensor(tensors[n]) for n in names])
-        for filename in os.listdir(tmp):
-            os.replace(os.path.join(tmp, filename), os.path.join(run_dir, filename))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _step_of(prefix):
     """The step in a `model-<step>` prefix, else the `counter` beside it (gpt-2-simple's), else 0."""
     tail = os.path.basename(prefix).rsplit("-", 1)[-1]
@@ -223,15 +201,15 @@ def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=()):
     names them (so an interrupt never leaves a half-written checkpoint named there) and
     `counter`. Older checkpoints beyond `max_checkpoints` go, except the steps in `keep`;
     optimizer state is kept for the latest only."""
-    _save_tensors(run_dir, f"optimizer-{step}",
-                  {f"optimizer/{i}": v for i, v in enumerate(optimizer_state(optimizer))})
-    _save_tensors(run_dir, f"model-{step}", {v.path: v for v in model.weights})
+    save_tensors(run_dir, f"optimizer-{step}",
+                 {f"optimizer/{i}": v for i, v in enumerate(optimizer_state(optimizer))})
+    save_tensors(run_dir, f"model-{step}", {v.path: v for v in model.weights})
     steps = sorted(set(checkpoint_steps(run_dir)) - {step}) + [step]
     kept = [s for i, s in enumerate(steps) if i >= len(steps) - max_checkpoints or s in keep]
     lines = [f'model_checkpoint_path: "model-{step}"']
     lines += [f'all_model_checkpoint_paths: "model-{s}"' for s in kept]
-    _write_atomic(os.path.join(run_dir, "checkpoint"), "\n".join(lines) + "\n")
-    _write_atomic(os.path.join(run_dir, "counter"), f"{step}\n")
+    write_atomic(os.path.join(run_dir, "checkpoint"), "\n".join(lines) + "\n")
+    write_atomic(os.path.join(run_dir, "counter"), f"{step}\n")
     for path in glob.glob(os.path.join(run_dir, "model-*.*")) + glob.glob(os.path.join(run_dir, "optimizer-*.*")):
         kind, s = os.path.basename(path).split(".")[0].split("-")
         if int(s) not in kept or (kind == "optimizer" and int(s) != step):
@@ -383,7 +361,7 @@ def train(args, strategy=None):
             save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints,
                      keep={best["step"]} if best else ())
             if best and best["step"] == step:
-                _write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
+                write_atomic(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
         tqdm.write(f"Saving {run_dir}/model-{step}")
 
     saved = step
@@ -459,7 +437,7 @@ def write_samples(model, enc, args, run_dir, step):
     text = "".join("=" * 20 + f" SAMPLE {i} " + "=" * 20 + "\n" + enc.decode(row[1:]) + "\n"
                    for i, row in enumerate(rows))
     tqdm.write(text)
-    _write_atomic(os.path.join(run_dir, f"samples-{step}.txt"), text)
+    write_atomic(os.path.join(run_dir, f"samples-{step}.txt"), text)
 
 
 def _current_lr(optimizer):
