@@ -416,7 +416,8 @@ class GPT2(keras.Model):
 
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
-        logits = tf.matmul(h_flat, self.as_compute(self.wte if self.tie_embeddings else self.out_head), transpose_b=True)
+        wte = self.wte if self.tie_embeddings else self.out_head
+        logits = tf.matmul(h_flat, self.as_compute(wte), transpose_b=True)
         return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, hp.n_vocab])
 
     def transposed_weights(self):
