@@ -332,9 +332,10 @@ def check_past(past, batch, hparams):
 def check_inputs(X, positions, hparams):
     """Token ids in [0, n_vocab) and positions < n_ctx, per row.
 
-    Returns X, gated by asserts (raised at once in eager mode, by the graph in a tf.function),
-    and `ok` [batch]: false for a row with a bad id or position. XLA drops asserts and clamps
-    `tf.gather`'s indices, so the caller turns such rows into NaN (never a plausible answer).
+    Returns X and positions, gated by asserts (raised at once in eager mode, by the graph in a
+    tf.function, before either is gathered), and `ok` [batch]: false for a row with a bad id or
+    position. XLA drops asserts and clamps `tf.gather`'s indices, so the caller turns such rows
+    into NaN (never a plausible answer).
     """
     n_vocab, n_ctx = hparams.n_vocab, hparams.n_ctx
     if positions.shape[1] is not None and positions.shape[1] > n_ctx:
@@ -348,7 +349,7 @@ def check_inputs(X, positions, hparams):
                                                    tf.boolean_mask(X, tf.logical_not(id_ok))[:3]]),
     ]
     with tf.control_dependencies(checks):
-        return tf.identity(X), ok
+        return tf.identity(X), tf.identity(positions), ok
 
 
 @serializable
@@ -417,7 +418,7 @@ class GPT2(keras.Model):
         past_length = 0 if past is None else shape_list(past)[-2]
         pasts = tf.unstack(past, axis=1) if past is not None else [None] * hp.n_layer
         positions = positions_for(X, past_length)
-        X, ok = check_inputs(X, positions, hp)
+        X, positions, ok = check_inputs(X, positions, hp)
         h = tf.gather(self.wte, X) + tf.gather(self.wpe, positions)
         h = tf.where(ok[:, None, None], h, tf.constant(np.nan, h.dtype))
         mask = attention_mask(sequence, past_length + sequence, dtype=h.dtype)
@@ -465,7 +466,8 @@ class GPT2(keras.Model):
 
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
-        logits = tf.matmul(h_flat, self.as_compute(self.wte if self.tie_embeddings else self.out_head), transpose_b=True)
+        wte = self.wte if self.tie_embeddings else self.out_head
+        logits = tf.matmul(h_flat, self.as_compute(wte), transpose_b=True)
         return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, hp.n_vocab])
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

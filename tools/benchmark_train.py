@@ -130,7 +130,8 @@ def main():
     if args.worker:
         return worker(args)
     print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
-          f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}{' remat' if args.remat else ''})\n|---|---:|---:|---:|", flush=True)
+          f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}"
+          f"{' remat' if args.remat else ''})\n|---|---:|---:|---:|", flush=True)
     for candidate in args.candidates:
         if not installed(candidate):
             print(f"| {candidate} | not installed | | |", flush=True)
