@@ -61,6 +61,7 @@ def test_mask_constant_is_finite_in_float16():
     assert w.numpy()[0, 0, 0, 2] == -1e10  # float32: the original's constant
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 def test_greedy_tokens_match_float32(tiny128_dir, policy):
     """Each new token of 16-bit greedy generation against float32's argmax after the same
@@ -77,6 +78,7 @@ def test_greedy_tokens_match_float32(tiny128_dir, policy):
     assert agree / (8 * 64) >= 0.9, f"{policy}: greedy tokens equal float32's for {agree} of 512 steps"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["float16", "mixed_float16"])
 def test_float16_long_prompt_has_no_nan_or_inf(wide_dir, policy):
     """A prompt of n_ctx tokens through the 355M-shaped block (std 0.1), and generation."""
@@ -158,6 +160,7 @@ def test_bfloat16_load_peaks_below_float32(gpt2_124m_dir):
     assert peak["bfloat16"] < 0.9 * peak["float32"]
 
 
+@pytest.mark.slow
 def test_bfloat16_saved_model_gives_the_library_greedy_tokens(tiny_dir, tmp_path):
     """Exported in bfloat16, loaded in a fresh process with TensorFlow alone."""
     model = load_model(tiny_dir, dtype="bfloat16")

@@ -55,6 +55,7 @@ print(kb('VmHWM') - before)
 """
 
 
+@pytest.mark.slow
 def test_remat_lowers_peak_memory():
     """Peak memory of one gradient computation (tf.function, batch 16 x 256 tokens, 6 blocks of
     width 128), each in a fresh process. Measured: 917 MB without remat, 270 MB with it
