@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from .encoder import EOT_TOKEN
 from .hparams import HParams, load_hparams
 from .params import variable_shapes
 
@@ -299,7 +300,7 @@ def write_hf(hparams, tensors, folder):
               "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "initializer_range": 0.02,
               "tie_word_embeddings": tie, "torch_dtype": "float32"}
     if hparams.n_vocab == 50257:
-        config.update(bos_token_id=50256, eos_token_id=50256)
+        config.update(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN)
     _write_json(config, os.path.join(folder, "config.json"))
 
 
