@@ -1,5 +1,6 @@
 """Sampling and the compiled generation loop: against the reference, against the uncached
 model, and the statistics of top-k, top-p and temperature."""
+import concurrent.futures
 import gc
 import time
 import weakref
@@ -192,6 +193,26 @@ def test_one_compile_per_bucket(tiny):
     assert gen.traces - before == 1
     generate(tiny, prompts_for(7, [17, 17]), 5, seed=1)  # prompt bucket 24: one more
     assert gen.traces - before == 2
+
+
+@pytest.mark.slow
+def test_twenty_prompt_lengths_compile_at_most_seven_times(tiny_dir):
+    model = load_model(tiny_dir)
+    for n in range(1, 60, 3):
+        generate(model, prompts_for(n, [n]), 5, seed=0)
+    assert generator_for(model).traces <= 7
+
+
+@pytest.mark.slow
+def test_threads_generate_as_one(tiny):
+    """Four threads sharing the model's compiled functions get what each call gets alone."""
+    requests = [(prompts_for(20 + i, [3 + i, 5]), 9 + i) for i in range(4)]
+    alone = [generate(tiny, prompts, 12, seed=seed) for prompts, seed in requests]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda r: generate(tiny, r[0], 12, seed=r[1]), requests * 2))
+    for got, expected in zip(together, alone * 2):
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.slow
