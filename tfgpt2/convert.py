@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .encoder import EOT_TOKEN
-from .hparams import HParams, load_hparams
+from .hparams import HParams, load_hparams, read_json_object
 from .params import variable_shapes
 
 FORMATS = ("openai", "hf", "kerashub")
@@ -128,14 +128,7 @@ def _read_json(folder, name):
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConversionError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise ConversionError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+    return read_json_object(path, ConversionError)
 
 
 def _write_json(value, path):

@@ -78,19 +78,25 @@ def missing_model(model, models_dir="models"):
     return f"{where}: no such model folder; download it with `python tools/download_model.py {name}{option}`"
 
 
+def read_json_object(path, error=ValueError):
+    """The JSON object in `path`; invalid JSON or another JSON value raises `error` naming the file."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def load_hparams(model_dir):
     """Read `<model_dir>/hparams.json`, which must set all five fields, as OpenAI's do: a
     missing one is an error, not the 124M default (the original would fill it in)."""
     path = os.path.join(model_dir, "hparams.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file (is {model_dir!r} a GPT-2 model folder?)")
-    try:
-        with open(path) as f:
-            values = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
+    values = read_json_object(path)
     missing = [key for key in FIELDS if key not in values]
     if missing:
         unknown = sorted(set(values) - set(FIELDS))
