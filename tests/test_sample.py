@@ -2,6 +2,7 @@
 model, and the statistics of top-k, top-p and temperature."""
 import concurrent.futures
 import gc
+import logging
 import time
 import weakref
 
@@ -436,3 +437,17 @@ def test_fuzzed_arguments_succeed_or_name_the_argument(tiny, context, length, te
     for row, prompt in zip(rows, context):
         assert list(row[:len(prompt)]) == prompt and len(row) == len(prompt) + length
         assert ((0 <= row) & (row < 50257)).all()
+
+
+@pytest.mark.slow
+def test_bucketed_compiles_do_not_warn_of_retracing(tiny, caplog):
+    """Compiling once per bucket is by design: TensorFlow's retracing warning stays silent for
+    the generation loop (six batch sizes, six traces), and still speaks for other functions."""
+    with caplog.at_level(logging.WARNING):
+        for batch in range(1, 7):
+            generate(tiny, prompts_for(batch, [2] * batch), 2, seed=0, jit_compile=False)
+        assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+        square = tf.function(lambda x: x * x)
+        for n in range(1, 8):
+            square(tf.zeros([n]))
+        assert [r for r in caplog.records if "retracing" in r.getMessage()]
