@@ -50,22 +50,38 @@ from tfgpt2.hparams import default_hparams
 model = GPT2(default_hparams().override_from_dict(HPARAMS), remat=sys.argv[1] == "1")
 tokens = tf.constant(np.random.default_rng(0).integers(0, 256, size=[16, 256]))
 before = kb('VmRSS')
-tf.function(gradients)(model, tokens)
+tf.function(gradients, jit_compile=sys.argv[2] == "1")(model, tokens)
 print(kb('VmHWM') - before)
 """
 
 
 @pytest.mark.slow
-def test_remat_lowers_peak_memory():
-    """Peak memory of one gradient computation (tf.function, batch 16 x 256 tokens, 6 blocks of
-    width 128), each in a fresh process. Measured: 917 MB without remat, 270 MB with it
-    (under XLA: 899 and 651 MB)."""
+@pytest.mark.parametrize("xla", [False, True], ids=["tf.function", "XLA"])
+def test_remat_lowers_peak_memory(xla):
+    """Peak memory of one gradient computation (batch 16 x 256 tokens, 6 blocks of width 128),
+    each in a fresh process. Measured: under tf.function 940 MB without remat, 315 MB with it;
+    under XLA, with the memory-minimizing scheduler `tfgpt2.train --remat` asks for, 949 and
+    632 MB (tf.recompute_grad, whose rerun XLA may schedule early, 753 MB; without that
+    scheduler 888 MB without remat and 1025 MB with it)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    if xla:
+        env["XLA_FLAGS"] = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
     def measure(remat):
-        out = subprocess.run([sys.executable, "-c", PEAK, remat], capture_output=True, text=True, env=env,
-                             check=True, cwd=str(ROOT))
+        out = subprocess.run([sys.executable, "-c", PEAK, remat, str(int(xla))], capture_output=True, text=True,
+                             env=env, check=True, cwd=str(ROOT))
         return int(re.findall(r"^(\d+)$", out.stdout, re.M)[-1])
     peak = [measure("0"), measure("1")]
     print(f"peak memory of a gradient: {peak[0] / 1e6:.0f} MB, with remat {peak[1] / 1e6:.0f} MB")
-    assert peak[1] < 0.6 * peak[0]
+    assert peak[1] < (0.75 if xla else 0.6) * peak[0]
+
+
+def test_train_cli_asks_xla_for_the_memory_schedule(monkeypatch):
+    from tfgpt2.train import prefer_memory_schedule
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    prefer_memory_schedule()
+    assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_enable_fast_math=false",
+                                               "--xla_cpu_enable_concurrency_optimized_scheduler=false"]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=true")
+    prefer_memory_schedule()  # the user's own choice stays
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_concurrency_optimized_scheduler=true"

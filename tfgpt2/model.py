@@ -275,6 +275,24 @@ class Block(keras.layers.Layer):
         return {**super().get_config(), "hparams": self.hparams.values()}
 
 
+def recompute(block):
+    """`block(h) -> (h, present)` that keeps only its input h for the backward pass and runs
+    again there. Unlike `tf.recompute_grad`, the rerun waits on the incoming gradient through
+    an optimization barrier, so that XLA can neither merge it with the forward pass (common
+    subexpression elimination) nor schedule it early: the saving holds under XLA too."""
+    @tf.custom_gradient
+    def run(h):
+        def grad(dh, dpresent, variables=()):
+            h_again, dh, dpresent = xla.optimization_barrier(h, dh, dpresent)
+            with tf.GradientTape() as tape:
+                tape.watch(h_again)
+                again = block(h_again)
+            grads = tape.gradient(again, [h_again, *variables], output_gradients=[dh, dpresent])
+            return grads[0], grads[1:]
+        return block(h), grad
+    return run
+
+
 def past_shape(*, hparams, batch_size=None, sequence=None):
     return [batch_size, hparams.n_layer, 2, hparams.n_head, sequence, hparams.n_embd // hparams.n_head]
 
@@ -364,7 +382,7 @@ class GPT2(keras.Model):
     `dtype`: a Keras dtype policy ("float32", "bfloat16", "float16", "mixed_bfloat16",
     "mixed_float16"); `present` comes in its compute dtype, the logits always in float32.
     `remat=True` keeps only each block's input for the backward pass and recomputes the rest
-    (`tf.recompute_grad`): less memory for fine-tuning, one more forward pass of time.
+    (`recompute`): less memory for fine-tuning, one more forward pass of time.
 
     Saved the Keras way (`model.save("x.keras")`), it loads with `keras.models.load_model`
     wherever `tfgpt2.model` has been imported (which registers it).
@@ -426,7 +444,7 @@ class GPT2(keras.Model):
         presents, hidden = [], []
         for block, layer_past in zip(self.h, pasts):
             run = functools.partial(block, past=layer_past, attn_mask=mask)
-            h, present = (tf.recompute_grad(run) if self.remat else run)(h)
+            h, present = (recompute(run) if self.remat else run)(h)
             presents.append(present)
             hidden.append(h)
         results = {"present": tf.stack(presents, axis=1), "logits": self.lm_logits(h)}

@@ -536,8 +536,19 @@ def parse_args(argv=None):
     return args
 
 
+def prefer_memory_schedule():
+    """Ask XLA's CPU scheduler for its memory-minimizing order. By default it orders for
+    concurrency and keeps alive the activations that `--remat` frees. A process-wide flag
+    (`XLA_FLAGS`), read at the first XLA compilation: set before any, or it does nothing."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "concurrency_optimized_scheduler" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.remat:
+        prefer_memory_schedule()
     try:
         train(args, distribute.make_strategy(args.strategy, args.tpu))
     except (OSError, ValueError) as e:

@@ -6,10 +6,13 @@
 Each candidate runs in a fresh process of its own, one after another, with the model's shape
 (`--model_dir`'s hparams: tfgpt2 loads that checkpoint; KerasHub and transformers, where
 installed, get random weights of the same shape, without dropout), Adam, float32, on random
-token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`: tfgpt2's,
-as `tfgpt2.train` takes them). Per candidate: tokens per second
+token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`, `--no_xla`,
+`--optimizer`: tfgpt2's, as `tfgpt2.train` takes them). Per candidate: tokens per second
 (the median step time of `--steps` steps after `--warmup` steps), the first step's time
-(compilation included) and the process's peak resident memory (VmHWM).
+(compilation included) and the process's peak resident memory (VmHWM). With `--repeats N`
+the candidates take turns N times and each figure is the median over the N processes, with
+its range. transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and
+transformers; they need not share tfgpt2's environment).
 """
 import argparse
 import json
@@ -51,13 +54,15 @@ def run_tfgpt2(args):
     import tensorflow as tf
     import keras
     from tfgpt2 import load_model
-    from tfgpt2.train import Trainer, make_optimizer
+    from tfgpt2.train import Trainer, make_optimizer, prefer_memory_schedule
+    if args.remat:
+        prefer_memory_schedule()  # as tfgpt2.train --remat does
     model = load_model(args.model_dir, dtype=args.precision)
     model.remat = args.remat
     optimizer = make_optimizer(args.optimizer, 2e-5)
     if args.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    trainer = Trainer(model, optimizer)
+    trainer = Trainer(model, optimizer, jit_compile=not args.no_xla)
     return time_steps(lambda b: float(trainer.step(tf.constant(b))), batches(args, model.hparams.n_vocab))
 
 
@@ -79,11 +84,10 @@ def run_keras_hub(args):
 
 
 def run_transformers(args):
-    sys.path.insert(0, ROOT)
     import torch
     import transformers
-    from tfgpt2.hparams import load_hparams
-    hp = load_hparams(args.model_dir)
+    with open(os.path.join(args.model_dir, "hparams.json")) as f:  # no tfgpt2 (TensorFlow) here
+        hp = argparse.Namespace(**json.load(f))
     config = transformers.GPT2Config(vocab_size=hp.n_vocab, n_positions=hp.n_ctx, n_embd=hp.n_embd,
                                      n_layer=hp.n_layer, n_head=hp.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
                                      attn_pdrop=0.0)
@@ -107,10 +111,31 @@ def worker(args):
                       "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb()}))
 
 
+def python_for(candidate):
+    return os.environ.get("TFGPT2_HF_PYTHON", sys.executable) if candidate == "transformers" else sys.executable
+
+
 def installed(candidate):
-    import importlib.util
     needs = {"tfgpt2": [], "keras-hub": ["keras_hub"], "transformers": ["torch", "transformers"]}[candidate]
-    return all(importlib.util.find_spec(m) for m in needs)
+    check = "import importlib.util, sys; sys.exit(not all(importlib.util.find_spec(m) for m in sys.argv[1:]))"
+    return subprocess.run([python_for(candidate), "-c", check, *needs]).returncode == 0
+
+
+def run_worker(candidate, args):
+    """The worker's figures, or the last line of its error."""
+    argv = [python_for(candidate), __file__, "--worker", candidate] + [
+        x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer")
+        for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat + ["--no_xla"] * args.no_xla
+    out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if out.returncode:
+        return f"failed: {out.stderr.strip().splitlines()[-1:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def spread(values, fmt):
+    """The median, and the range over repeats."""
+    median = fmt.format(float(np.median(values)))
+    return median if len(values) == 1 else f"{median} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
 def main():
@@ -120,31 +145,33 @@ def main():
     p.add_argument("--length", type=int, default=128, help="predicted tokens per row (the model reads as many)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1, help="processes per candidate, taking turns")
     p.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=CANDIDATES)
     p.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
                    help="tfgpt2's dtype policy (as tfgpt2.train --precision); the others run in float32")
     p.add_argument("--remat", action="store_true", help="tfgpt2 recomputes each block in the backward pass")
     p.add_argument("--optimizer", choices=("adam", "adafactor"), default="adam", help="tfgpt2's optimizer")
+    p.add_argument("--no_xla", action="store_true", help="tfgpt2's step as a plain tf.function (as tfgpt2.train --no_xla)")
     p.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
     print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
           f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}"
-          f"{' remat' if args.remat else ''})\n|---|---:|---:|---:|", flush=True)
-    for candidate in args.candidates:
-        if not installed(candidate):
-            print(f"| {candidate} | not installed | | |", flush=True)
+          f"{' remat' if args.remat else ''}{' no XLA' if args.no_xla else ''}; median of {args.repeats} processes)\n|---|---:|---:|---:|", flush=True)
+    candidates = [c for c in args.candidates if installed(c) or print(f"| {c} | not installed | | |", flush=True)]
+    results = {c: [] for c in candidates}
+    for _ in range(args.repeats):
+        for candidate in candidates:
+            results[candidate].append(run_worker(candidate, args))
+    for candidate, runs in results.items():
+        failed = [r for r in runs if isinstance(r, str)]
+        if failed:
+            print(f"| {candidate} | {failed[0]} | | |", flush=True)
             continue
-        argv = [sys.executable, __file__, "--worker", candidate] + [
-            x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer")
-            for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat
-        out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        if out.returncode:
-            print(f"| {candidate} | failed: {out.stderr.strip().splitlines()[-1:]} | | |", flush=True)
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"| {candidate} | {r['tokens_per_s']:.0f} | {r['first_step_s']:.1f} | {r['peak_rss_mb']:.0f} |", flush=True)
+        print(f"| {candidate} | {spread([r['tokens_per_s'] for r in runs], '{:.0f}')} "
+              f"| {spread([r['first_step_s'] for r in runs], '{:.1f}')} "
+              f"| {spread([r['peak_rss_mb'] for r in runs], '{:.0f}')} |", flush=True)
 
 
 if __name__ == "__main__":
