@@ -123,6 +123,29 @@ def test_adam_is_tf1_adam_and_the_run_folder_restores_in_the_reference(tiny_dir,
     assert np.abs(ours - theirs).max() <= 5e-4
 
 
+def test_adafactor_updates_as_keras_without_full_size_state():
+    """tfgpt2's Adafactor against Keras': the same weights after 3 updates (relative step and a
+    fixed learning rate), with state of rows + columns for a matrix, not one per weight."""
+    rng = np.random.default_rng(0)
+    shapes = [[7], [5, 6], [1, 4, 9]]
+    grads = [[tf.constant(rng.normal(size=s), tf.float32) for s in shapes] for _ in range(3)]
+    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    for options in ({}, {"learning_rate": 1e-2, "relative_step": False}):
+        results = []
+        for cls in (train.Adafactor, keras.optimizers.Adafactor):
+            weights = [keras.Variable(w) for w in start]
+            optimizer = cls(**options)
+            optimizer.build(weights)
+            for step in grads:
+                optimizer.apply_gradients(zip(step, weights))
+            results.append(([w.numpy() for w in weights], sum(int(np.prod(v.shape)) for v in optimizer.variables)))
+        (ours, our_state), (keras_, keras_state) = results
+        for a, b, w in zip(ours, keras_, start):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+            assert np.abs(a - w).max() > 1e-4  # it moved
+        assert our_state == keras_state - 5 * 6 - 4 * 9 - 2  # less the velocities and two scalar placeholders
+
+
 def test_accumulating_4_x_1_equals_a_batch_of_4(micro_dir, tmp_path):
     dataset = ids_npz(tmp_path / "d.npz", random_ids(60, seed=8))
     flags = ("--dataset", dataset, "--optimizer", "sgd", "--learning_rate", "1", "--steps", "1", "--no_xla")
