@@ -85,39 +85,3 @@ def test_train_cli_asks_xla_for_the_memory_schedule(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=true")
     prefer_memory_schedule()  # the user's own choice stays
     assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_concurrency_optimized_scheduler=true"
-
-
-@pytest.mark.parametrize("rows", [7, 16, 64])
-def test_chunked_loss_equals_the_plain_loss(rows):
-    """chunked_lm_loss (remat's loss: the logits recomputed `rows` positions at a time) against
-    lm_loss on the whole logits: value and gradients of h and the embedding, with and without
-    padding rows (3 x 16 = 48 positions), eagerly and under XLA."""
-    from tfgpt2.train import chunked_lm_loss, lm_loss
-    rng = np.random.default_rng(0)
-    h = tf.constant(rng.normal(size=[3, 16, 24]), tf.float32)
-    embedding = tf.constant(rng.normal(size=[50, 24]) * 0.5, tf.float32)
-    labels = tf.constant(rng.integers(0, 50, size=[3, 16]), tf.int32)
-
-    def both(h, embedding):
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch([h, embedding])
-            plain = lm_loss(labels, tf.matmul(h, embedding, transpose_b=True))
-            chunked = chunked_lm_loss(labels, h, embedding, rows=rows)
-        return plain, chunked, tape.gradient(plain, [h, embedding]), tape.gradient(chunked, [h, embedding])
-
-    for run in (both, tf.function(both, jit_compile=True)):
-        plain, chunked, expected, actual = run(h, embedding)
-        assert abs(float(plain) - float(chunked)) <= 1e-5 * float(plain)
-        for e, a in zip(expected, actual):
-            assert np.abs(e - a).max() <= 1e-6 and np.abs(e).max() > 1e-3
-
-
-def test_remat_training_loss_never_builds_the_logits():
-    """With remat, window_loss takes the final hidden states (no 'logits' computed)."""
-    from tfgpt2.train import window_loss
-    hp = default_hparams().override_from_dict(dict(HPARAMS, n_layer=1, n_ctx=16))
-    model = GPT2(hp, remat=True)
-    graph = tf.function(lambda t: window_loss(model, t)).get_concrete_function(tf.TensorSpec([2, 16], tf.int32)).graph
-    products = [op for op in graph.get_operations() if op.type in ("MatMul", "BatchMatMulV2")
-                and op.outputs[0].shape.as_list()[-1:] == [hp.n_vocab]]
-    assert not products, [op.name for op in products]

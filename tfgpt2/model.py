@@ -423,11 +423,9 @@ class GPT2(keras.Model):
             past = tf.convert_to_tensor(past)
         return super().__call__(as_token_ids(X), past, **kwargs)
 
-    def call(self, X, past=None, *, return_hidden=False, return_logits=True):
+    def call(self, X, past=None, *, return_hidden=False):
         """The original's model(): `past` as it. `return_hidden` adds 'hidden'
-        [batch, n_layer, T, n_embd], the residual stream after each block. `return_logits=False`
-        gives 'h' [batch, T, n_embd] (after the final norm, what the logits are made from:
-        `h @ output_embedding()^T`) in place of the logits.
+        [batch, n_layer, T, n_embd], the residual stream after each block.
 
         A row with a token id outside [0, n_vocab) or a position past n_ctx raises (eager,
         tf.function), or, under XLA, which cannot raise, comes out as NaN."""
@@ -449,11 +447,7 @@ class GPT2(keras.Model):
             h, present = (recompute(run) if self.remat else run)(h)
             presents.append(present)
             hidden.append(h)
-        results = {"present": tf.stack(presents, axis=1)}
-        if return_logits:
-            results["logits"] = self.lm_logits(h)
-        else:
-            results["h"] = self.ln_f(h)
+        results = {"present": tf.stack(presents, axis=1), "logits": self.lm_logits(h)}
         if return_hidden:
             results["hidden"] = tf.stack(hidden, axis=1)
         return results
@@ -490,12 +484,9 @@ class GPT2(keras.Model):
 
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
-        logits = tf.matmul(h_flat, self.output_embedding(), transpose_b=True)
+        wte = self.wte if self.tie_embeddings else self.out_head
+        logits = tf.matmul(h_flat, self.as_compute(wte), transpose_b=True)
         return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, hp.n_vocab])
-
-    def output_embedding(self):
-        """The output layer's matrix [n_vocab, n_embd] in the compute dtype: `wte`, or `out_head`."""
-        return self.as_compute(self.wte if self.tie_embeddings else self.out_head)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """`fit`/`evaluate`: a plain loss sees the logits alone (`present` is never built

@@ -54,56 +54,9 @@ def lm_loss(labels, logits):
     return tf.reduce_mean(token_losses(labels, logits))
 
 
-def chunked_lm_loss(labels, h, embedding, rows=128):
-    """`lm_loss(labels, h @ embedding^T)` computed `rows` positions at a time, and again in the
-    backward pass: never the logits of all positions at once (4 bytes x 1023 x 50257 = 206 MB
-    per window, and the plain loss holds about three such buffers), for one more output-layer
-    matmul of time. h [batch, T, n_embd], embedding [n_vocab, n_embd]."""
-    n_embd = h.shape[-1]
-    labels = tf.reshape(labels, [-1])
-    n = labels.shape.num_elements()  # static under XLA, which needs static sizes
-    n = tf.size(labels) if n is None else n
-    pad = (rows - n % rows) % rows  # padding rows weigh 0
-    h = tf.reshape(tf.pad(tf.reshape(h, [-1, n_embd]), [[0, pad], [0, 0]]), [-1, rows, n_embd])
-    labels = tf.reshape(tf.pad(labels, [[0, pad]]), [-1, rows])
-    weights = tf.reshape(tf.pad(tf.ones([n]), [[0, pad]]), [-1, rows])
-
-    def logits_of(h, embedding, i):
-        return tf.cast(tf.matmul(h[i], embedding, transpose_b=True), tf.float32)
-
-    chunks = h.shape[0] if h.shape[0] is not None else tf.shape(h)[0]
-
-    @tf.custom_gradient
-    def total(h, embedding):
-        def add(i, sum_):  # (no tape sees through this loop: it keeps nothing for a backward pass)
-            logits = logits_of(tf.stop_gradient(h), tf.stop_gradient(embedding), i)
-            return i + 1, sum_ + tf.reduce_sum(weights[i] * token_losses(labels[i], logits))
-        _, sum_ = tf.while_loop(lambda i, _: i < chunks, add, (0, tf.constant(0.0)), maximum_iterations=chunks)
-
-        def grad(dsum):
-            def add_grad(i, dh, dembedding):
-                _, dlogits = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
-                    features=logits_of(h, embedding, i), labels=labels[i])
-                dlogits = tf.cast(dlogits * (weights[i] * dsum)[:, None], h.dtype)
-                dh = dh.write(i, tf.matmul(dlogits, embedding))
-                return i + 1, dh, dembedding + tf.cast(tf.matmul(dlogits, h[i], transpose_a=True), tf.float32)
-            dh = tf.TensorArray(h.dtype, size=chunks, element_shape=[rows, n_embd])
-            _, dh, dembedding = tf.while_loop(lambda i, *_: i < chunks, add_grad,
-                                              (0, dh, tf.zeros(tf.shape(embedding), tf.float32)),
-                                              maximum_iterations=chunks)
-            return dh.stack(), tf.cast(dembedding, embedding.dtype)
-        return sum_, grad
-
-    return total(h, embedding) / tf.cast(n, tf.float32)
-
-
 def window_loss(model, tokens):
     """The loss of windows [batch, length]: the model reads length - 1 tokens and predicts the
-    next of each (the forks read all `length` and drop the last position's logits: the same).
-    With `model.remat` the logits too are recomputed in the backward pass (`chunked_lm_loss`)."""
-    if model.remat:
-        return chunked_lm_loss(tokens[:, 1:], model(tokens[:, :-1], return_logits=False)["h"],
-                               model.output_embedding())
+    next of each (the forks read all `length` and drop the last position's logits: the same)."""
     return lm_loss(tokens[:, 1:], model(tokens[:, :-1])["logits"])
 
 
@@ -198,6 +151,10 @@ class Schedule(keras.optimizers.schedules.LearningRateSchedule):
                     warmup_steps=self.warmup_steps, total_steps=self.total_steps)
 
 
+def _rms(x):
+    return tf.sqrt(tf.reduce_mean(tf.square(x)))
+
+
 class Adafactor(keras.optimizers.Adafactor):
     """Keras' Adafactor without its full-size `velocity` for matrices: there it is always the
     outer product of the factored row and column statistics, so each update recomputes it
@@ -224,8 +181,7 @@ class Adafactor(keras.optimizers.Adafactor):
         step = tf.cast(self.iterations + 1, dtype)
         if not callable(self._learning_rate) and self.relative_step:
             lr = tf.minimum(lr, 1 / tf.sqrt(step))
-        rms = lambda x: tf.sqrt(tf.reduce_mean(tf.square(x)))  # noqa: E731
-        alpha = tf.maximum(tf.cast(self.epsilon_2, dtype), rms(variable)) * tf.minimum(lr, 1 / tf.sqrt(step))
+        alpha = tf.maximum(tf.cast(self.epsilon_2, dtype), _rms(variable)) * tf.minimum(lr, 1 / tf.sqrt(step))
         decay = 1 - tf.pow(step, tf.cast(self.beta_2_decay, dtype))  # the second moment's weight of the past
         square = tf.square(tf.cast(gradient, dtype)) + tf.cast(self.epsilon_1, dtype)
         if self._v[i] is None:
@@ -237,7 +193,7 @@ class Adafactor(keras.optimizers.Adafactor):
             v = self._v[i]
             self.assign(v, decay * v + (1 - decay) * square)
         update = tf.cast(gradient, dtype) / tf.sqrt(v)
-        update = update / tf.maximum(tf.cast(1, dtype), rms(update) / tf.cast(self.clip_threshold, dtype))
+        update = update / tf.maximum(tf.cast(1, dtype), _rms(update) / tf.cast(self.clip_threshold, dtype))
         self.assign_sub(variable, alpha * update)
 
 
