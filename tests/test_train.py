@@ -203,6 +203,31 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
     tfgpt2.load_model(str(run_dir))
 
 
+def test_an_adafactor_run_resumes_exactly(micro_dir, tmp_path, monkeypatch):
+    """tfgpt2's Adafactor keeps other state than Keras' (rows and columns): saved and restored
+    with the run folder all the same."""
+    flags = ("--dataset", ids_npz(tmp_path / "d.npz", random_ids(300, seed=3)), "--batch_size", "2",
+             "--learning_rate", "1e-2", "--steps", "4", "--optimizer", "adafactor", "--save_every", "2",
+             "--no_xla")
+    whole = run(micro_dir, tmp_path, *flags, run_name="whole")
+    step = train.Trainer.step
+    calls = []
+
+    def interrupted(self, batch):  # Ctrl-C during the third update
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return step(self, batch)
+    monkeypatch.setattr(train.Trainer, "step", interrupted)
+    first = run(micro_dir, tmp_path, *flags, run_name="resumed")
+    monkeypatch.undo()
+    second = run(micro_dir, tmp_path, *flags, run_name="resumed")
+    assert [s for s, _ in first] == [1, 2] and first + second == whole
+    a, b = weights_of(tmp_path / "checkpoint" / "whole"), weights_of(tmp_path / "checkpoint" / "resumed")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
 MIRRORED = """
 import sys
 import tensorflow as tf
