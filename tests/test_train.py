@@ -159,6 +159,23 @@ def test_accumulating_4_x_1_equals_a_batch_of_4(micro_dir, tmp_path):
         assert np.abs(a[name] - b[name]).max() <= 1e-4 * step, name
 
 
+def run_interrupted(monkeypatch, update, *args, **kwargs):
+    """`run(*args, **kwargs)` with Ctrl-C during its `update`-th update."""
+    step = train.Trainer.step
+    calls = []
+
+    def interrupted(self, batch):
+        calls.append(1)
+        if len(calls) == update:
+            raise KeyboardInterrupt
+        return step(self, batch)
+    monkeypatch.setattr(train.Trainer, "step", interrupted)
+    try:
+        return run(*args, **kwargs)
+    finally:
+        monkeypatch.undo()
+
+
 def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_path, monkeypatch):
     flags = ("--dataset", ids_npz(tmp_path / "d.npz", random_ids(300, seed=9)), "--batch_size", "2",
              "--accumulate_gradients", "2", "--learning_rate", "1e-3", "--steps", "6", "--lr_schedule", "cosine",
@@ -167,17 +184,7 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
              "--val_fraction", "0.3", "--no_xla")  # the reference tests above run the XLA step
     whole = run(micro_dir, tmp_path, *flags, "--sample_every", "3", "--sample_num", "2", run_name="whole")
 
-    step = train.Trainer.step
-    calls = []
-
-    def interrupted(self, batch):  # Ctrl-C during the fifth update
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return step(self, batch)
-    monkeypatch.setattr(train.Trainer, "step", interrupted)
-    first = run(micro_dir, tmp_path, *flags, run_name="resumed")
-    monkeypatch.undo()
+    first = run_interrupted(monkeypatch, 5, micro_dir, tmp_path, *flags, run_name="resumed")
     run_dir = tmp_path / "checkpoint" / "resumed"
     assert [s for s, _ in first] == [1, 2, 3, 4]
     assert open(run_dir / "counter").read() == "4\n"
@@ -210,17 +217,7 @@ def test_an_adafactor_run_resumes_exactly(micro_dir, tmp_path, monkeypatch):
              "--learning_rate", "1e-2", "--steps", "4", "--optimizer", "adafactor", "--save_every", "2",
              "--no_xla")
     whole = run(micro_dir, tmp_path, *flags, run_name="whole")
-    step = train.Trainer.step
-    calls = []
-
-    def interrupted(self, batch):  # Ctrl-C during the third update
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return step(self, batch)
-    monkeypatch.setattr(train.Trainer, "step", interrupted)
-    first = run(micro_dir, tmp_path, *flags, run_name="resumed")
-    monkeypatch.undo()
+    first = run_interrupted(monkeypatch, 3, micro_dir, tmp_path, *flags, run_name="resumed")
     second = run(micro_dir, tmp_path, *flags, run_name="resumed")
     assert [s for s, _ in first] == [1, 2] and first + second == whole
     a, b = weights_of(tmp_path / "checkpoint" / "whole"), weights_of(tmp_path / "checkpoint" / "resumed")
