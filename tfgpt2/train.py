@@ -177,11 +177,9 @@ class Adafactor(keras.optimizers.Adafactor):
     def update_step(self, gradient, variable, learning_rate):
         i = self._get_variable_index(variable)
         dtype = variable.dtype
-        lr = tf.cast(learning_rate, dtype)
         step = tf.cast(self.iterations + 1, dtype)
-        if not callable(self._learning_rate) and self.relative_step:
-            lr = tf.minimum(lr, 1 / tf.sqrt(step))
-        alpha = tf.maximum(tf.cast(self.epsilon_2, dtype), _rms(variable)) * tf.minimum(lr, 1 / tf.sqrt(step))
+        rho = tf.minimum(tf.cast(learning_rate, dtype), 1 / tf.sqrt(step))  # with or without relative_step
+        alpha = tf.maximum(tf.cast(self.epsilon_2, dtype), _rms(variable)) * rho
         decay = 1 - tf.pow(step, tf.cast(self.beta_2_decay, dtype))  # the second moment's weight of the past
         square = tf.square(tf.cast(gradient, dtype)) + tf.cast(self.epsilon_1, dtype)
         if self._v[i] is None:
