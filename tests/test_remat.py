@@ -61,8 +61,8 @@ def test_remat_lowers_peak_memory(xla):
     """Peak memory of one gradient computation (batch 16 x 256 tokens, 6 blocks of width 128),
     each in a fresh process. Measured: under tf.function 940 MB without remat, 315 MB with it;
     under XLA, with the memory-minimizing scheduler `tfgpt2.train --remat` asks for, 949 and
-    632 MB (tf.recompute_grad, whose rerun XLA may schedule early, 753 MB; without that
-    scheduler 888 MB without remat and 1025 MB with it)."""
+    632 MB (without that scheduler, that is without XLA_FLAGS, 888 MB without remat and
+    1025 MB with it)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     if xla:
         env["XLA_FLAGS"] = "--xla_cpu_enable_concurrency_optimized_scheduler=false"

@@ -159,7 +159,12 @@ def main():
     print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
           f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}"
           f"{' remat' if args.remat else ''}{' no XLA' if args.no_xla else ''}; median of {args.repeats} processes)\n|---|---:|---:|---:|", flush=True)
-    candidates = [c for c in args.candidates if installed(c) or print(f"| {c} | not installed | | |", flush=True)]
+    candidates = []
+    for candidate in args.candidates:
+        if installed(candidate):
+            candidates.append(candidate)
+        else:
+            print(f"| {candidate} | not installed | | |", flush=True)
     results = {c: [] for c in candidates}
     for _ in range(args.repeats):
         for candidate in candidates:
