@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import ATOL, ROOT, require_reference
-from tfgpt2 import CheckpointError, load_model, save_model
+from tfgpt2 import CheckpointError, bundle, load_model, save_model
 from tfgpt2.checkpoint import save_checkpoint
 from tfgpt2.hparams import load_hparams
 from tfgpt2.reference import Reference
@@ -41,6 +41,55 @@ def test_load_from_prefix_and_folder(tiny_dir):
     a = load_model(tiny_dir, checkpoint=os.path.join(tiny_dir, "model.ckpt"))
     b = load_model(tiny_dir)
     np.testing.assert_array_equal(a.wte.numpy(), b.wte.numpy())
+
+
+def test_index_reader_agrees_with_tensorflows(tiny_dir):
+    prefix = os.path.join(tiny_dir, "model.ckpt")
+    header, entries = bundle.read_index(prefix)
+    reader = tf.train.load_checkpoint(prefix)
+    assert header.num_shards == 1
+    assert {name: [d.size for d in e.shape.dim] for name, e in entries.items()} == reader.get_variable_to_shape_map()
+    assert {name: tf.as_dtype(e.dtype) for name, e in entries.items()} == reader.get_variable_to_dtype_map()
+
+
+@pytest.mark.parametrize("block_bytes", [1, 1000, 1 << 30])
+def test_row_blocks_cover_each_tensor_once(tiny_dir, monkeypatch, block_bytes):
+    """Blocks of one row along the first axis longer than 1 ([1, nx, nf] by rows of nx),
+    of several rows, and whole."""
+    monkeypatch.setattr(bundle, "BLOCK_BYTES", block_bytes)
+    prefix = os.path.join(tiny_dir, "model.ckpt")
+    header, entries = bundle.read_index(prefix)
+    values = stored(tiny_dir)
+    for name, entry in entries.items():
+        whole, count = np.full(values[name].shape, np.nan, np.float32), np.zeros(values[name].shape, int)
+        for begin, block in bundle.row_blocks(prefix, header, entry):
+            where = tuple(slice(b, b + n) for b, n in zip(begin, block.shape))
+            whole[where] = block
+            count[where] += 1
+        np.testing.assert_array_equal(count, 1, err_msg=name)
+        np.testing.assert_array_equal(whole, values[name], err_msg=name)
+
+
+def test_load_in_small_blocks(tiny_dir, monkeypatch):
+    """Each variable written a row at a time, in float32 and cast to bfloat16."""
+    monkeypatch.setattr(bundle, "BLOCK_BYTES", 1000)
+    values = stored(tiny_dir)
+    for dtype in ("float32", "bfloat16"):
+        model = load_model(tiny_dir, dtype=dtype)
+        for v in model.weights:
+            np.testing.assert_array_equal(v.numpy(), tf.cast(values[v.path], dtype).numpy(), err_msg=v.path)
+
+
+def test_corrupt_index_block(folder):
+    """A byte changed inside the index: its block's checksum says so."""
+    index = folder / "model.ckpt.index"
+    raw = bytearray(index.read_bytes())
+    raw[len(raw) // 3] ^= 0x01
+    index.write_bytes(bytes(raw))
+    with pytest.raises(bundle.BundleError, match="checksum"):
+        bundle.read_index(str(folder / "model.ckpt"))
+    with pytest.raises(CheckpointError, match=r"model\.ckpt\.index: cannot read"):
+        load_model(folder)
 
 
 def test_save_roundtrip_and_layout(tiny_dir, tmp_path):

@@ -140,12 +140,12 @@ print(kb('VmHWM') - before)
 
 
 @pytest.mark.slow
-def test_bfloat16_load_peaks_below_float32(gpt2_124m_dir):
+def test_bfloat16_load_peaks_at_half_of_float32(gpt2_124m_dir):
     """Peak memory of load_model in a fresh process (VmHWM - VmRSS before), as
-    test_checkpoint.py measures float32. Measured (2-core CPU machine): float32 548 MB,
-    bfloat16 470 MB: the bfloat16 weights (249 MB) plus reading `wte` (154 MB as stored in
-    float32, 77 MB cast), whose buffers the allocator keeps; 124M's wte is 31% of the model,
-    1558M's 10%, where the same accounting gives 0.58x."""
+    test_checkpoint.py measures float32. Measured (2-core CPU machine): float32 551 MB,
+    bfloat16 286 MB (0.52x): the weights (498 or 249 MB), the built model (about 40 MB) and
+    one block of rows as read and cast (`bundle.BLOCK_BYTES`). Read whole, as TensorFlow's
+    RestoreV2 returns it, `wte` alone (154 MB as stored in float32) made it 470 MB (0.86x)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     peak = {}
     for policy in ("float32", "bfloat16"):
@@ -155,9 +155,9 @@ def test_bfloat16_load_peaks_below_float32(gpt2_124m_dir):
     print(f"peak memory loading 124M: float32 {peak['float32'] / 1e6:.0f} MB, bfloat16 {peak['bfloat16'] / 1e6:.0f} MB")
     weights = 124439808
     assert peak["float32"] < 4 * weights * 1.25
-    # the bfloat16 weights + wte read as float32 and cast + slack; never a float32 model
-    assert peak["bfloat16"] < 2 * weights + 6 * 50257 * 768 + 80e6
-    assert peak["bfloat16"] < 0.9 * peak["float32"]
+    # the bfloat16 weights + slack, less than wte as stored (154 MB): never a float32 tensor whole
+    assert peak["bfloat16"] < 2 * weights + 4 * 50257 * 768 // 2
+    assert peak["bfloat16"] < 0.6 * peak["float32"]
 
 
 @pytest.mark.slow

@@ -2,8 +2,8 @@
 
 A model folder (`models_dir/model_name`) holds `checkpoint`, `hparams.json`,
 `model.ckpt.index`, `model.ckpt.data-00000-of-00001` (and `model.ckpt.meta`, which is not
-needed). Variables are read one at a time straight into the model's variables, so loading
-never holds a second full copy of the weights.
+needed). Tensors are read a block of rows at a time (`bundle.py`) straight into the model's
+variables, cast as they are read, so loading never holds a second copy of any weight.
 """
 import glob
 import os
@@ -13,6 +13,7 @@ import tempfile
 
 import tensorflow as tf
 
+from . import bundle
 from .hparams import load_hparams, missing_model, save_hparams
 from .model import GPT2
 from .params import variable_shapes
@@ -91,36 +92,35 @@ def _plan(stored, hparams, tie_embeddings, prefix):
 
 
 def load_weights(model, path):
-    """Read an original checkpoint (folder or prefix) into `model`'s variables, one at a time."""
+    """Read an original checkpoint (folder or prefix) into `model`'s variables, in blocks."""
     prefix = checkpoint_prefix(path)
     return _restore(model, prefix, _plan(_open(prefix).get_variable_to_shape_map(), model.hparams,
                                          model.tie_embeddings, prefix))
 
 
 def _restore(model, prefix, source):
-    """Each variable from the checkpoint tensor `source` maps its name to, cast to the
-    variable's dtype as it is read (one tensor at a time: never a float32 copy of a bfloat16
-    model)."""
-    stored = _open(prefix).get_variable_to_dtype_map()
-
-    @tf.function(reduce_retracing=True)
-    def restore(variable, name, dtype):
-        # Inside a graph the restored tensor has no other owner, so the assignment takes its
-        # buffer instead of copying it: peak memory is the weights plus one tensor.
-        variable.assign(tf.cast(tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
-                                                     dtypes=[dtype])[0], variable.dtype))
-
+    """Each variable from the checkpoint tensor `source` maps its name to, a block of rows at a
+    time (`bundle.row_blocks`), each block cast to the variable's dtype as it is read: peak
+    memory is the model plus one block, never a float32 copy of a bfloat16 model's `wte`."""
+    try:
+        header, entries = bundle.read_index(prefix)
+    except (OSError, bundle.BundleError) as e:
+        raise CheckpointError(f"{prefix}.index: cannot read the checkpoint: {e}") from None
     for variable in model.weights:
         name = source[variable.path]
-        # A variable mirrored by a tf.distribute strategy is restored copy by copy: given the
-        # mirrored variable itself, `restore` would reuse one variable's trace for all of a shape.
+        # A variable mirrored by a tf.distribute strategy is written copy by copy.
         copies = getattr(variable.value, "values", (variable.value,))
         try:
-            for copy in copies:
-                restore(copy, tf.constant(name), stored[name])
-        except tf.errors.OpError as e:
-            raise CheckpointError(f"{prefix}.data-00000-of-00001: cannot read tensor {name!r} "
-                                  f"(truncated or corrupt?): {_message(e)}") from None
+            for begin, block in bundle.row_blocks(prefix, header, entries[name]):
+                end = [b + n for b, n in zip(begin, block.shape)]
+                for copy in copies:
+                    # in place (`copy[a:b].assign` reads the variable first, and then TensorFlow
+                    # copies the whole buffer before writing to it)
+                    tf.raw_ops.ResourceStridedSliceAssign(ref=copy.handle, begin=begin, end=end, strides=[1] * len(begin),
+                                                          value=tf.cast(block, copy.dtype))
+        except (OSError, bundle.BundleError) as e:
+            raise CheckpointError(f"{bundle.data_file(prefix, header, entries[name])}: cannot read tensor "
+                                  f"{name!r}: {e}") from None
     return model
 
 

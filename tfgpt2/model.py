@@ -30,8 +30,8 @@ def normal(stddev, initialize=True):
 
 
 def uninitialized(shape, dtype=None):
-    """Memory never written, so never resident: loading replaces each buffer by the tensor
-    read, so a load peaks at the weights plus the largest tensor as read (and cast)."""
+    """Memory never written, so never resident until loading writes it, a block of rows at a
+    time (`checkpoint.load_weights`): a load peaks at the weights plus one block."""
     return tf.raw_ops.Empty(shape=shape, dtype=dtype or "float32", init=False)
 
 
