@@ -54,7 +54,7 @@ def test_index_reader_agrees_with_tensorflows(tiny_dir):
 
 @pytest.mark.parametrize("block_bytes", [1, 1000, 1 << 30])
 def test_row_blocks_cover_each_tensor_once(tiny_dir, monkeypatch, block_bytes):
-    """Blocks of one row along the first axis longer than 1 ([1, nx, nf] by rows of nx),
+    """Blocks of one row along the first axis longer than 1 ([1, nx, nf] by rows of nf),
     of several rows, and whole."""
     monkeypatch.setattr(bundle, "BLOCK_BYTES", block_bytes)
     prefix = os.path.join(tiny_dir, "model.ckpt")
@@ -62,9 +62,9 @@ def test_row_blocks_cover_each_tensor_once(tiny_dir, monkeypatch, block_bytes):
     values = stored(tiny_dir)
     for name, entry in entries.items():
         whole, count = np.full(values[name].shape, np.nan, np.float32), np.zeros(values[name].shape, int)
-        for begin, block in bundle.row_blocks(prefix, header, entry):
-            where = tuple(slice(b, b + n) for b, n in zip(begin, block.shape))
-            whole[where] = block
+        for indices, rows in bundle.row_blocks(prefix, header, entry):
+            where = tuple(indices.T)
+            whole[where] = rows
             count[where] += 1
         np.testing.assert_array_equal(count, 1, err_msg=name)
         np.testing.assert_array_equal(whole, values[name], err_msg=name)

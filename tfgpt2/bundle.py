@@ -94,10 +94,11 @@ def data_file(prefix, header, entry):
 
 
 def row_blocks(prefix, header, entry):
-    """Yield (begin, array) over a tensor in blocks of about BLOCK_BYTES: slices along its
-    first axis longer than 1 (so [1, nx, nf] goes by rows of nx), `begin` the block's first
-    index on each axis. Then checks the whole tensor's CRC32C. Raises BundleError naming the
-    file when the data file is short or the checksum does not match."""
+    """Yield (indices, rows) over a tensor in blocks of about BLOCK_BYTES, by rows along its
+    first axis longer than 1 (so [1, nx, nf] goes by rows of nf): `rows` [n, ...] and their
+    `indices` [n, axis + 1] in the tensor, as `ResourceScatterNdUpdate` takes them. Then checks
+    the whole tensor's CRC32C. Raises BundleError naming the file when the data file is short
+    or the checksum does not match."""
     dtype = np.dtype(tf.as_dtype(entry.dtype).as_numpy_dtype)
     shape = [d.size for d in entry.shape.dim]
     if entry.slices or not shape:
@@ -105,18 +106,19 @@ def row_blocks(prefix, header, entry):
     if dtype.itemsize * int(np.prod(shape)) != entry.size:
         raise BundleError(f"{prefix}.index: size {entry.size} does not fit shape {shape} of {dtype.name}")
     axis = next((i for i, n in enumerate(shape) if n != 1), 0)
-    rows = shape[axis]
-    row_bytes = dtype.itemsize * int(np.prod(shape[axis + 1:]))
-    per_block = max(1, BLOCK_BYTES // max(row_bytes, 1))
+    row = shape[axis + 1:]
+    per_block = max(1, BLOCK_BYTES // max(dtype.itemsize * int(np.prod(row)), 1))
     path, crc = data_file(prefix, header, entry), 0
     with open(path, "rb") as f:
         f.seek(entry.offset)
-        for start in range(0, rows, per_block):
-            block = np.empty(shape[:axis] + [min(per_block, rows - start)] + shape[axis + 1:], dtype)
+        for start in range(0, shape[axis], per_block):
+            block = np.empty([min(per_block, shape[axis] - start)] + row, dtype)
             raw = block.reshape(-1).view(np.uint8)
             if f.readinto(raw) != block.nbytes:
                 raise BundleError(f"{path}: ends inside a tensor (truncated file?)")
             crc = google_crc32c.extend(crc, raw)
-            yield [0] * axis + [start], block
+            indices = np.zeros([len(block), axis + 1], np.int64)
+            indices[:, axis] = np.arange(start, start + len(block))
+            yield indices, block
     if masked_crc32c(crc) != entry.crc32c:
         raise BundleError(f"{path}: a tensor's checksum does not match (corrupt file?)")

@@ -111,13 +111,12 @@ def _restore(model, prefix, source):
         # A variable mirrored by a tf.distribute strategy is written copy by copy.
         copies = getattr(variable.value, "values", (variable.value,))
         try:
-            for begin, block in bundle.row_blocks(prefix, header, entries[name]):
-                end = [b + n for b, n in zip(begin, block.shape)]
+            for indices, rows in bundle.row_blocks(prefix, header, entries[name]):
                 for copy in copies:
-                    # in place (`copy[a:b].assign` reads the variable first, and then TensorFlow
-                    # copies the whole buffer before writing to it)
-                    tf.raw_ops.ResourceStridedSliceAssign(ref=copy.handle, begin=begin, end=end, strides=[1] * len(begin),
-                                                          value=tf.cast(block, copy.dtype))
+                    # in place, unlike `copy[a:b].assign`, which reads the variable first, so
+                    # that TensorFlow copies the whole buffer before writing to it
+                    tf.raw_ops.ResourceScatterNdUpdate(ref=copy.handle, indices=indices,
+                                                       updates=tf.cast(rows, copy.dtype))
         except (OSError, bundle.BundleError) as e:
             raise CheckpointError(f"{bundle.data_file(prefix, header, entries[name])}: cannot read tensor "
                                   f"{name!r}: {e}") from None
