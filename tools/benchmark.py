@@ -14,13 +14,16 @@ installed. Per candidate and batch size:
   compilation are left out; the median of `--runs` runs each, after a warm-up;
 - prefill: tokens per second for a `--prompt_len`-token prompt (one new token);
 - compile: the first call's time minus a warm call's, both lengths;
-- peak memory: the process's peak resident set (VmHWM), the runtime included.
+- peak memory: the process's peak resident set (VmHWM), the runtime included; and its
+  resident set before the first call (VmRSS: the runtime and the weights; n/a for the
+  reference, which starts its process then and restores the checkpoint in each call).
 
 `--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
 `--top_k` says otherwise.
 """
 import argparse
+import functools
 import json
 import os
 import re
@@ -35,9 +38,10 @@ DEFAULT_REFERENCE = os.path.join(os.path.dirname(ROOT), "shared", "openai-gpt-2"
 CANDIDATES = ["tfgpt2-xla", "tfgpt2", "reference", "keras-hub", "transformers"]
 
 
-def peak_rss_mb(pid="self"):
+def rss_mb(pid="self", key="VmHWM"):
+    """The process's peak (VmHWM) or current (VmRSS) resident set in MB."""
     with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
+        return int(re.search(key + r":\s+(\d+)", f.read()).group(1)) / 1024
 
 
 # ---- one candidate in its own process ----------------------------------------------------
@@ -50,7 +54,7 @@ def tfgpt2_runner(args, jit_compile):
 
     def run(context, length):
         generate(model, context.tolist(), length, top_k=args.top_k, seed=0, jit_compile=jit_compile)
-    return repeated(run), lambda: peak_rss_mb()
+    return repeated(run), rss_mb
 
 
 def reference_runner(args):
@@ -61,7 +65,7 @@ def reference_runner(args):
     def run(context, length, repeats):
         # each call builds a graph and restores the checkpoint; only its sess.run calls are timed
         return ref.sample_sequence(context=context, length=length, top_k=args.top_k, seed=0, repeats=repeats)[1]
-    return run, lambda: peak_rss_mb(ref.pid)
+    return run, functools.partial(rss_mb, ref.pid)
 
 
 def hparams_of(model_dir):
@@ -89,7 +93,7 @@ def keras_hub_runner(args):
         mask[:, :n] = True
         lm.generate({"token_ids": ids, "padding_mask": mask}, max_length=total, stop_token_ids=None)
     keras.utils.set_random_seed(0)
-    return repeated(run), lambda: peak_rss_mb()
+    return repeated(run), rss_mb
 
 
 def transformers_runner(args):
@@ -106,7 +110,7 @@ def transformers_runner(args):
                            min_new_tokens=length, attention_mask=torch.ones(context.shape, dtype=torch.long),
                            pad_token_id=0)
     torch.manual_seed(0)
-    return repeated(run), lambda: peak_rss_mb()
+    return repeated(run), rss_mb
 
 
 def repeated(run):
@@ -125,7 +129,8 @@ def worker(args):
     runners = {"tfgpt2-xla": lambda: tfgpt2_runner(args, True), "tfgpt2": lambda: tfgpt2_runner(args, False),
                "reference": lambda: reference_runner(args), "keras-hub": lambda: keras_hub_runner(args),
                "transformers": lambda: transformers_runner(args)}
-    run, peak = runners[args.worker]()
+    run, rss = runners[args.worker]()
+    loaded = rss(key="VmRSS") if args.worker != "reference" else None
     one = np.ones([args.batch_size, 1], np.int32)
     prompt = np.random.default_rng(0).integers(0, 50000, size=[args.batch_size, args.prompt_len]).astype(np.int32)
     # the first call of each shape compiles (or, for the reference, runs a fresh graph)
@@ -135,7 +140,7 @@ def worker(args):
     compile_s = short[0] - np.median(short[1:]) + long[0] - np.median(long[1:])
     print(json.dumps(dict(step_ms=step * 1e3, tokens_per_s=args.batch_size / step,
                           prefill_tokens_per_s=args.batch_size * args.prompt_len / np.median(prefill[1:]),
-                          compile_s=compile_s, peak_rss_mb=peak(),
+                          compile_s=compile_s, peak_rss_mb=rss(), loaded_rss_mb=loaded,
                           runs={"short": short, "long": long, "prefill": prefill})))
 
 
@@ -165,15 +170,16 @@ def measure(candidate, batch, args):
 
 def table(results, batches):
     lines = ["| implementation | batch | decode ms/token | tokens/s | time vs reference | prefill tokens/s "
-             "| compile s | peak RSS MB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| compile s | peak RSS MB | RSS before MB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     reference = {b: results.get(("reference", b), {}).get("step_ms") for b in batches}
     for (candidate, batch), r in results.items():
         if "error" in r:
-            lines.append(f"| {candidate} | {batch} | {r['error']} | | | | | |")
+            lines.append(f"| {candidate} | {batch} | {r['error']} | | | | | | |")
             continue
         ratio = f"{r['step_ms'] / reference[batch]:.2f}x" if reference[batch] else "n/a"
         lines.append(f"| {candidate} | {batch} | {r['step_ms']:.1f} | {r['tokens_per_s']:.1f} | {ratio} "
-                     f"| {r['prefill_tokens_per_s']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_mb']:.0f} |")
+                     f"| {r['prefill_tokens_per_s']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_mb']:.0f} "
+                     f"| {'n/a' if r['loaded_rss_mb'] is None else round(r['loaded_rss_mb'])} |")
     return "\n".join(lines)
 
 
