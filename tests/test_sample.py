@@ -15,8 +15,8 @@ from tests.conftest import ATOL, require_reference
 from tfgpt2 import load_model
 from tfgpt2.model import past_shape
 from tfgpt2.reference import Reference
-from tfgpt2.sample import (choose, generate, generator_for, sample_sequence, top_k_logits, top_p_logits,
-                           transpose_pays)
+from tfgpt2.sample import (SPLIT_K, choose, generate, generator_for, sample_sequence, top_k_logits,
+                           top_p_logits, transpose_pays)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +52,10 @@ def test_greedy_matches_reference_124m(gpt2_124m_dir):
         for row in range(2):
             theirs, _ = ref.sample_sequence(context=context[row:row + 1], length=64, top_k=1, seed=0)
             np.testing.assert_array_equal(ours[row], theirs[0], err_msg=f"row {row}")
-            if row == 0:  # 8 < TRANSPOSE_FROM new tokens: the untransposed weights
-                alone = sample_sequence(model=model, context=context[:1], length=8, top_k=1, seed=0)
-                np.testing.assert_array_equal(alone[0], theirs[0, :5 + 8], err_msg="row 0, 8 tokens")
+            if row == 0:  # alone: 8 < TRANSPOSE_FROM new tokens (the plain weights), 64 (split products)
+                for n in (8, 64):
+                    alone = sample_sequence(model=model, context=context[:1], length=n, top_k=1, seed=0)
+                    np.testing.assert_array_equal(alone[0], theirs[0, :5 + n], err_msg=f"row 0 alone, {n} tokens")
     assert len(set(ours[0, 5:].tolist())) > 5, "degenerate continuation; weights too small?"
 
 
@@ -101,9 +102,10 @@ def test_compiled_greedy_equals_uncached_greedy(tiny, jit_compile):
 
 
 @pytest.mark.slow
-def test_transposed_weights_give_the_same_logits(wide_dir):
-    """The [nf, nx] copies generation multiplies by on a CPU: prefill and one cached step under
-    XLA, against the model's own weights (on any device: the layout is passed explicitly)."""
+def test_weight_layouts_give_the_same_logits(wide_dir):
+    """The [nf, nx] copies and the split products generation uses on a CPU: prefill and one
+    cached step under XLA, against the model's own weights (on any device: the layout is
+    passed explicitly; the split applies to the one-row step)."""
     model = load_model(wide_dir)
     hp = model.hparams
     weights = model.transposed_weights()
@@ -117,7 +119,7 @@ def test_transposed_weights_give_the_same_logits(wide_dir):
 
     tokens = np.array(prompts_for(11, [6]))
     full = model(tokens)["logits"].numpy()
-    for weights_used in (weights, None):
+    for weights_used in (weights, model.split_layout(SPLIT_K), model.split_layout(3), None):  # 3: nx % 3, plain
         prefill, step = two_steps(tf.constant(tokens), weights_used)
         np.testing.assert_allclose(prefill.numpy()[0], full[0, 4], atol=ATOL, rtol=0)
         np.testing.assert_allclose(step.numpy()[0], full[0, 5], atol=ATOL, rtol=0)
@@ -132,23 +134,28 @@ def test_transpose_policy():
 
 
 @pytest.mark.slow
-def test_generation_uses_transposed_weights_where_they_pay(wide_dir):
+def test_generation_uses_the_layouts_where_they_pay(wide_dir):
+    """On a CPU under XLA, from TRANSPOSE_FROM new tokens: split products at batch 1, the
+    transposed copies at more rows; the same greedy tokens as the uncached model."""
     model = load_model(wide_dir)
     gen = generator_for(model)
     gen.on_cpu = True  # the rule for a CPU, also where the tests run on a GPU
-    assert len(gen.weights_for(16)) == model.hparams.n_layer
-    assert gen.weights_for(15) is None
-    assert generator_for(model, jit_compile=False).weights_for(16) is None
+    assert gen.weights_for(16, 1) == model.split_layout(SPLIT_K)
+    assert len(gen.weights_for(16, 2)) == model.hparams.n_layer
+    assert gen.weights_for(15, 2) is None and gen.weights_for(15, 1) is None
+    assert generator_for(model, jit_compile=False).weights_for(16, 2) is None
     prompts = prompts_for(12, [3, 1, 6])
     copies, transposed = [], gen.transposed
     gen.transposed = lambda: copies.append(1) or transposed()
     try:
         together = generate(model, prompts, 40, top_k=1)
+        alone = generate(model, prompts[:1], 40, top_k=1)
     finally:
         gen.transposed = transposed
-    assert copies == [1], "generate did not use the transposed copies"
+    assert copies == [1], "generate did not use the transposed copies at batch 3, or used them at batch 1"
     for prompt, row in zip(prompts, together):
         assert row.tolist() == greedy_uncached(model, prompt, 40)
+    assert alone[0].tolist() == together[0].tolist()
 
 
 @pytest.mark.slow

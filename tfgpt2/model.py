@@ -109,16 +109,22 @@ class Conv1D(keras.layers.Layer):
                                  initializer=normal(self.w_init_stdev, self.initialize))
         self.b = self.add_weight(name="b", shape=[self.nf], initializer="zeros")
 
-    def call(self, x, w_t=None):
-        """`w_t`: this layer's weight as [nf, nx] (`GPT2.transposed_weights`), under XLA only."""
+    def call(self, x, layout=None):
+        """`layout`, for XLA on a CPU (`GPT2.transposed_weights`, `GPT2.split_layout`): this
+        layer's weight copied as [nf, nx], or an int k, for one row: k products over slices of nx."""
         *start, nx = shape_list(x)
         x = tf.reshape(x, [-1, nx])
-        if w_t is None:
+        if isinstance(layout, int) and x.shape[0] == 1 and nx % layout == 0:
+            # At a few rows XLA on a CPU runs x @ w on one core; a batched product (w as
+            # [k, nx / k, nf], the same memory) runs on all of them, without a copy.
+            parts = tf.transpose(tf.reshape(x, [1, layout, nx // layout]), [1, 0, 2])
+            y = tf.reduce_sum(tf.matmul(parts, tf.reshape(self.w, [layout, nx // layout, self.nf])), 0) + self.b
+        elif layout is None or isinstance(layout, int):
             y = tf.matmul(x, tf.reshape(self.w, [-1, self.nf])) + self.b
         else:
-            # (w_t @ x^T)^T: at a few rows XLA on a CPU runs x @ w on one core, and this on all
-            # of them. The barrier keeps XLA from rewriting it back into x @ w.
-            y = tf.transpose(xla.optimization_barrier(tf.matmul(w_t, x, transpose_b=True))[0]) + self.b
+            # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight. The
+            # barrier keeps XLA from rewriting it back into x @ w.
+            y = tf.transpose(xla.optimization_barrier(tf.matmul(layout, x, transpose_b=True))[0]) + self.b
         return tf.reshape(y, start + [self.nf])
 
     def compute_output_shape(self, input_shape):
@@ -181,12 +187,12 @@ class Attention(keras.layers.Layer):
     def merge_heads(self, x):
         return merge_states(tf.transpose(x, [0, 2, 1, 3]))
 
-    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, w_t=(None, None)):
+    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, layout=(None, None)):
         """`past` [batch, 2, heads, sequence, features] is concatenated to, as in the original,
         and `present` is [k, v] of x. Or `cache`, a pair (keys, values) of fixed size
         [batch, heads, T, features], gets x's keys and values written at `cache_index`, and
-        `present` is the updated pair. `w_t`: c_attn's and c_proj's weights as [nf, nx]."""
-        c = self.c_attn(x, w_t=w_t[0])
+        `present` is the updated pair. `layout`: c_attn's and c_proj's (`Conv1D.call`)."""
+        c = self.c_attn(x, layout=layout[0])
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
         if cache is not None:
             k, v = present = tuple(write_cache(old, new, cache_index) for old, new in zip(cache, (k, v)))
@@ -198,7 +204,7 @@ class Attention(keras.layers.Layer):
                 v = tf.concat([pv, v], axis=-2)
         a = multihead_attn(q, k, v, attn_mask)
         a = self.merge_heads(a)
-        return self.c_proj(a, w_t=w_t[1]), present
+        return self.c_proj(a, layout=layout[1]), present
 
 
 def mask_attn_weights(w, b):
@@ -230,8 +236,8 @@ class MLP(keras.layers.Layer):
         self.c_fc.build(input_shape)
         self.c_proj.build(input_shape and self.c_fc.compute_output_shape(input_shape))
 
-    def call(self, x, w_t=(None, None)):
-        return self.c_proj(gelu(self.c_fc(x, w_t=w_t[0])), w_t=w_t[1])
+    def call(self, x, layout=(None, None)):
+        return self.c_proj(gelu(self.c_fc(x, layout=layout[0])), layout=layout[1])
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -258,13 +264,13 @@ class Block(keras.layers.Layer):
         for layer in (self.ln_1, self.attn, self.ln_2, self.mlp):
             layer.build(input_shape)
 
-    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, w_t=(None,) * 4):
-        """`past`, `cache`, `cache_index`: see `Attention.call`. `w_t`: the block's four weights
-        as [nf, nx] (c_attn, attn's c_proj, c_fc, mlp's c_proj), or Nones."""
+    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, layout=(None,) * 4):
+        """`past`, `cache`, `cache_index`: see `Attention.call`. `layout`: the block's four
+        weights' (c_attn, attn's c_proj, c_fc, mlp's c_proj; `Conv1D.call`)."""
         a, present = self.attn(self.ln_1(x), past, attn_mask=attn_mask, cache=cache,
-                               cache_index=cache_index, w_t=w_t[:2])
+                               cache_index=cache_index, layout=layout[:2])
         x = x + a
-        m = self.mlp(self.ln_2(x), w_t=w_t[2:])
+        m = self.mlp(self.ln_2(x), layout=layout[2:])
         x = x + m
         return x, present
 
@@ -456,7 +462,8 @@ class GPT2(keras.Model):
         """X [batch, T] through the blocks over `cache`, a list of per-layer (keys, values), each
         [batch, n_head, T_max, head_dim] (separate tensors, so that XLA updates each in place),
         X's keys and values written at slot `cache_index`. `pad` [batch] counts each row's
-        left-padding slots. `weights`: `transposed_weights()`, or None for the variables.
+        left-padding slots. `weights`: `transposed_weights()` or `split_layout(k)` (how XLA on a
+        CPU multiplies the few rows of a decode step by the block weights), or None.
 
         Returns the logits of the last position [batch, n_vocab] (all that generation needs: a
         long prompt's logits cost more than its forward pass) and the updated cache. Inputs are
@@ -467,8 +474,8 @@ class GPT2(keras.Model):
         h = tf.gather(self.as_compute(self.wte), X) + tf.gather(self.as_compute(self.wpe), positions)
         mask = attention_mask(sequence, shape_list(cache[0][0])[2], dtype=h.dtype, offset=cache_index, pad=pad)
         new_cache = []
-        for block, layer_cache, w_t in zip(self.h, cache, weights or [(None,) * 4] * hp.n_layer):
-            h, layer_cache = block(h, attn_mask=mask, cache=layer_cache, cache_index=cache_index, w_t=w_t)
+        for block, layer_cache, layout in zip(self.h, cache, weights or [(None,) * 4] * hp.n_layer):
+            h, layer_cache = block(h, attn_mask=mask, cache=layer_cache, cache_index=cache_index, layout=layout)
             new_cache.append(layer_cache)
         return self.lm_logits(h[:, -1:])[:, 0], new_cache
 
@@ -509,6 +516,11 @@ class GPT2(keras.Model):
         return [tuple(tf.transpose(tf.reshape(self.as_compute(conv.w), [-1, conv.nf]))
                       for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj))
                 for block in self.h]
+
+    def split_layout(self, k):
+        """For `call_with_cache` at one row: each product as k over slices of nx, which XLA on
+        a CPU runs on all cores without copying any weight (README, Speed)."""
+        return [(k,) * 4] * self.hparams.n_layer
 
     def generate(self, prompts, length, **options):
         """`sample.generate(self, prompts, length, **options)`: the compiled generation

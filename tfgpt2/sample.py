@@ -22,7 +22,8 @@ from .encoder import EOT_TOKEN
 from .model import past_shape, shape_list
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
-TRANSPOSE_FROM = 16  # new tokens from which generation on a CPU copies the weights transposed
+TRANSPOSE_FROM = 16  # new tokens from which generation on a CPU changes how it multiplies by the weights
+SPLIT_K = 8          # at batch 1, into how many products over slices of nx (`GPT2.split_layout`)
 
 
 def _order_key(x):
@@ -127,8 +128,9 @@ def plan(longest, length, n_ctx):
 
 
 def transpose_pays(length, *, on_cpu, jit_compile=True):
-    """Whether to generate with `GPT2.transposed_weights`: on a CPU, under XLA, from
-    TRANSPOSE_FROM new tokens on, which repay the copy (340 MB for 124M, freed after the call)."""
+    """Whether decoding multiplies by the block weights in another layout (`weights_for`,
+    `GPT2.transposed_weights`): on a CPU, under XLA, from TRANSPOSE_FROM new tokens on, which
+    repay a copy (340 MB for 124M, freed after the call)."""
     return tf.logical_and(bool(on_cpu and jit_compile), length >= TRANSPOSE_FROM)
 
 
@@ -189,8 +191,8 @@ class Generator:
     `generate_padded` runs a whole generation as one `tf.function` (XLA when `jit_compile`)
     over left-padded prompts. `start` (the prompt and the first new token) and `resume` (more
     tokens, up to a count) run it in pieces, to report progress between them. Each takes the
-    block weights first: `GPT2.transposed_weights()` or None. `traces` counts how often any of
-    them was traced, that is compiled.
+    layout of the block weights first (`weights_for`). `traces` counts how often any of them
+    was traced, that is compiled.
     """
 
     def __init__(self, model, *, jit_compile=True):
@@ -208,10 +210,12 @@ class Generator:
             return f(*args)
         return traced
 
-    def weights_for(self, length):
-        """`transposed()` where `transpose_pays`, else None."""
-        return self.transposed() if bool(transpose_pays(length, on_cpu=self.on_cpu, jit_compile=self.jit_compile)) \
-            else None
+    def weights_for(self, length, batch):
+        """Where `transpose_pays`: at batch 1 `split_layout(SPLIT_K)` (no copy, and faster
+        there), at more rows `transposed()`. Else None."""
+        if not bool(transpose_pays(length, on_cpu=self.on_cpu, jit_compile=self.jit_compile)):
+            return None
+        return self.model.split_layout(SPLIT_K) if batch == 1 else self.transposed()
 
     def _generate(self, weights, prompt, pad, tokens, length, *options):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
@@ -345,7 +349,7 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
                tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(bool(stop_at_eot)))
     generator = generator_for(model, jit_compile=jit_compile)
-    weights = generator.weights_for(length)
+    weights = generator.weights_for(length, len(prompts))
     buffer = tf.zeros([len(prompts), total], tf.int32)
     if progress is None:
         tokens, new = generator.generate_padded(weights, tf.constant(padded), pad, buffer, tf.constant(length),
