@@ -91,21 +91,30 @@ def _plan(stored, hparams, tie_embeddings, prefix):
     return source
 
 
+def _index(prefix):
+    """`bundle.read_index(prefix)`, its errors as CheckpointError."""
+    try:
+        return bundle.read_index(prefix)
+    except (OSError, bundle.BundleError) as e:
+        raise CheckpointError(f"{prefix}.index: cannot read the checkpoint: {e}") from None
+
+
+def _shapes(entries):
+    return {name: [d.size for d in entry.shape.dim] for name, entry in entries.items()}
+
+
 def load_weights(model, path):
     """Read an original checkpoint (folder or prefix) into `model`'s variables, in blocks."""
     prefix = checkpoint_prefix(path)
-    return _restore(model, prefix, _plan(_open(prefix).get_variable_to_shape_map(), model.hparams,
-                                         model.tie_embeddings, prefix))
+    header, entries = _index(prefix)
+    return _restore(model, prefix, header, entries,
+                    _plan(_shapes(entries), model.hparams, model.tie_embeddings, prefix))
 
 
-def _restore(model, prefix, source):
+def _restore(model, prefix, header, entries, source):
     """Each variable from the checkpoint tensor `source` maps its name to, a block of rows at a
     time (`bundle.row_blocks`), each block cast to the variable's dtype as it is read: peak
     memory is the model plus one block, never a float32 copy of a bfloat16 model's `wte`."""
-    try:
-        header, entries = bundle.read_index(prefix)
-    except (OSError, bundle.BundleError) as e:
-        raise CheckpointError(f"{prefix}.index: cannot read the checkpoint: {e}") from None
     for variable in model.weights:
         name = source[variable.path]
         # A variable mirrored by a tf.distribute strategy is written copy by copy.
@@ -144,9 +153,10 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, m
     model_dir = find_model_dir(model_dir, models_dir)
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
-    source = _plan(_open(prefix).get_variable_to_shape_map(), hparams, tie_embeddings, prefix)
+    header, entries = _index(prefix)
+    source = _plan(_shapes(entries), hparams, tie_embeddings, prefix)
     model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype)
-    return _restore(model, prefix, source)
+    return _restore(model, prefix, header, entries, source)
 
 
 def save_tensors(folder, name, tensors):
