@@ -3,6 +3,7 @@ model, and the statistics of top-k, top-p and temperature."""
 import concurrent.futures
 import gc
 import logging
+import re
 import time
 import weakref
 
@@ -13,7 +14,7 @@ import tensorflow as tf
 
 from tests.conftest import ATOL, require_reference
 from tfgpt2 import load_model
-from tfgpt2.model import past_shape
+from tfgpt2.model import Conv1D, past_shape
 from tfgpt2.reference import Reference
 from tfgpt2.sample import (SPLIT_K, choose, generate, generator_for, sample_sequence, top_k_logits,
                            top_p_logits, transpose_pays)
@@ -123,6 +124,24 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
         prefill, step = two_steps(tf.constant(tokens), weights_used)
         np.testing.assert_allclose(prefill.numpy()[0], full[0, 4], atol=ATOL, rtol=0)
         np.testing.assert_allclose(step.numpy()[0], full[0, 5], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("layout, rows, batched", [(8, 1, True), (8, 2, False), (None, 1, False), (7, 1, False)])
+def test_split_layout_is_one_batched_product_of_the_weight_as_stored(layout, rows, batched):
+    """At one row, `layout` k is one dot with a batch dimension whose weight operand is the
+    variable itself, reshaped (in XLA's optimized HLO a bitcast: no copy); at more rows, without
+    it, or where k does not divide nx, the plain product."""
+    conv = Conv1D(64, 32)
+    conv.build()
+    x = tf.random.normal([rows, 64])
+    hlo = tf.function(lambda x: conv(x, layout=layout), jit_compile=True).experimental_get_compiler_ir(x)(
+        "optimized_hlo")
+    dots = re.findall(r"= f32\S+ dot\(%(\S+), %(\S+)\), (lhs_batch_dims=\{0\})?", hlo)
+    assert len(dots) == 1 and bool(dots[0][2]) == batched, hlo
+    if batched:
+        weight = re.search(r"%(\S+) = f32\[1,64,32\]\S* parameter", hlo).group(1)
+        assert re.search(rf"%{re.escape(dots[0][1])} = f32\[8,8,32\]\S* bitcast\(%{re.escape(weight)}\)", hlo), hlo
+    np.testing.assert_allclose(conv(x, layout=layout).numpy(), conv(x).numpy(), atol=1e-5)
 
 
 def test_transpose_policy():
