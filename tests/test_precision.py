@@ -40,7 +40,7 @@ def test_variables_and_activations_follow_the_policy(tiny_dir, policy):
     for layer, inputs in [(block.ln_1, x), (block.attn.c_attn, x), (block.mlp, x)]:
         assert layer(inputs).dtype == compute, layer.path
     # the fixed-size cache of generation stays in the compute dtype
-    cache = [(tf.zeros([1, 4, 16, 16], compute),) * 2] * model.hparams.n_layer
+    cache = model.empty_cache(1, 16)
     logits, cache = model.call_with_cache(tf.constant([[1, 2]]), cache, 0)
     assert logits.dtype == tf.float32 and {c.dtype for pair in cache for c in pair} == {compute}
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tests.conftest import ATOL, require_reference
 from tfgpt2 import load_model
-from tfgpt2.model import Conv1D, past_shape
+from tfgpt2.model import Conv1D
 from tfgpt2.reference import Reference
 from tfgpt2.sample import (SPLIT_K, choose, generate, generator_for, sample_sequence, top_k_logits,
                            top_p_logits, transpose_pays)
@@ -62,11 +62,6 @@ def test_greedy_matches_reference_124m(gpt2_124m_dir):
 
 # ---- the cache path against the uncached model ----------------------------------------
 
-def empty_cache(hp, batch, size):
-    shape = past_shape(hparams=hp, batch_size=batch, sequence=size)
-    return [(tf.zeros(shape[:1] + shape[3:]),) * 2 for _ in range(hp.n_layer)]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("pad", [0, 3])
 def test_cached_steps_equal_full_forward(tiny, pad):
@@ -76,7 +71,7 @@ def test_cached_steps_equal_full_forward(tiny, pad):
     full = tiny(tokens)["logits"].numpy()
     pads = tf.constant([pad, pad])
     padded = np.concatenate([np.zeros([2, pad], np.int64), tokens[:, :5]], axis=1)
-    logits, cache = tiny.call_with_cache(tf.constant(padded), empty_cache(tiny.hparams, 2, 32), 0, pad=pads)
+    logits, cache = tiny.call_with_cache(tf.constant(padded), tiny.empty_cache(2, 32), 0, pad=pads)
     np.testing.assert_allclose(logits.numpy(), full[:, 4], atol=ATOL, rtol=0)
     for t in range(5, 12):
         logits, cache = tiny.call_with_cache(tf.constant(tokens[:, t:t + 1]), cache, pad + t, pad=pads)
@@ -91,7 +86,7 @@ def test_past_is_the_originals_and_generation_leaves_it_alone(tiny):
     later = tiny(tokens[:, 4:], first["present"])
     np.testing.assert_allclose(later["logits"].numpy(), tiny(tokens)["logits"].numpy()[:, 4:], atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="past must be"):
-        tiny(tokens[:, 4:], empty_cache(tiny.hparams, 1, 8))
+        tiny(tokens[:, 4:], tiny.empty_cache(1, 8))
 
 
 @pytest.mark.slow
@@ -115,7 +110,7 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
 
     @tf.function(jit_compile=True)
     def two_steps(tokens, weights):
-        logits, cache = model.call_with_cache(tokens[:, :5], empty_cache(hp, 1, 16), 0, weights=weights)
+        logits, cache = model.call_with_cache(tokens[:, :5], model.empty_cache(1, 16), 0, weights=weights)
         return logits, model.call_with_cache(tokens[:, 5:6], cache, 5, weights=weights)[0]
 
     tokens = np.array(prompts_for(11, [6]))

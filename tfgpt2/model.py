@@ -152,9 +152,9 @@ def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
 
 
 def write_cache(cache, update, index):
-    """cache[:, :, index:index+n] = update, for cache [batch, heads, T, features]; under XLA
+    """cache[:, index:index+n] = update, for cache [batch * heads, T, features]; under XLA
     in place in the loop's buffer."""
-    return xla.dynamic_update_slice(cache, update, tf.stack([0, 0, index, 0]))
+    return xla.dynamic_update_slice(cache, update, tf.stack([0, index, 0]))
 
 
 @serializable
@@ -195,7 +195,11 @@ class Attention(keras.layers.Layer):
         c = self.c_attn(x, layout=layout[0])
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
         if cache is not None:
-            k, v = present = tuple(write_cache(old, new, cache_index) for old, new in zip(cache, (k, v)))
+            # batch and heads in one axis: at batch 1 a [1, heads, ...] cache reaches the
+            # products through a reshape, and XLA then copies the whole cache at every step
+            present = tuple(write_cache(old, tf.reshape(new, [-1] + shape_list(new)[2:]), cache_index)
+                            for old, new in zip(cache, (k, v)))
+            k, v = (tf.reshape(t, shape_list(q)[:2] + shape_list(t)[1:]) for t in present)
         else:
             present = tf.stack([k, v], axis=1)
             if past is not None:
@@ -460,7 +464,8 @@ class GPT2(keras.Model):
 
     def call_with_cache(self, X, cache, cache_index, *, pad=None, weights=None):
         """X [batch, T] through the blocks over `cache`, a list of per-layer (keys, values), each
-        [batch, n_head, T_max, head_dim] (separate tensors, so that XLA updates each in place),
+        [batch * n_head, T_max, head_dim] (`empty_cache`; separate tensors, so that XLA updates
+        each in place),
         X's keys and values written at slot `cache_index`. `pad` [batch] counts each row's
         left-padding slots. `weights`: `transposed_weights()` or `split_layout(k)` (how XLA on a
         CPU multiplies the few rows of a decode step by the block weights), or None.
@@ -472,12 +477,19 @@ class GPT2(keras.Model):
         sequence = shape_list(X)[1]
         positions = positions_for(X, cache_index, pad)
         h = tf.gather(self.as_compute(self.wte), X) + tf.gather(self.as_compute(self.wpe), positions)
-        mask = attention_mask(sequence, shape_list(cache[0][0])[2], dtype=h.dtype, offset=cache_index, pad=pad)
+        mask = attention_mask(sequence, shape_list(cache[0][0])[1], dtype=h.dtype, offset=cache_index, pad=pad)
         new_cache = []
         for block, layer_cache, layout in zip(self.h, cache, weights or [(None,) * 4] * hp.n_layer):
             h, layer_cache = block(h, attn_mask=mask, cache=layer_cache, cache_index=cache_index, layout=layout)
             new_cache.append(layer_cache)
         return self.lm_logits(h[:, -1:])[:, 0], new_cache
+
+    def empty_cache(self, batch, length):
+        """The zero cache of `call_with_cache` for `length` positions: per layer (keys, values),
+        each [batch * n_head, length, head_dim] in the compute dtype."""
+        hp = self.hparams
+        shape = [batch * hp.n_head, length, hp.n_embd // hp.n_head]
+        return [(tf.zeros(shape, self.compute_dtype),) * 2 for _ in range(hp.n_layer)]
 
     def as_compute(self, variable):
         """A model-level variable in the compute dtype (Keras autocasts only inside `__call__`)."""

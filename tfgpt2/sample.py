@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from .encoder import EOT_TOKEN
-from .model import past_shape, shape_list
+from .model import shape_list
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
 TRANSPOSE_FROM = 16  # new tokens from which generation on a CPU changes how it multiplies by the weights
@@ -228,10 +228,8 @@ class Generator:
 
     def _start(self, weights, prompt, pad, tokens, *options):
         """The prompt through the model and the first new token: the state `_resume` continues."""
-        hp = self.model.hparams
         batch, prompt_len = shape_list(prompt)
-        shape = past_shape(hparams=hp, batch_size=batch, sequence=shape_list(tokens)[1])
-        cache = [(tf.zeros(shape[:1] + shape[3:], self.model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
+        cache = self.model.empty_cache(batch, shape_list(tokens)[1])
         logits, cache = self.model.call_with_cache(prompt, cache, 0, pad=pad, weights=weights)
         state = dict(i=tf.constant(0), token=tf.zeros([batch], tf.int32), cache=cache,
                      tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
