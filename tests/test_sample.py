@@ -16,7 +16,7 @@ from tests.conftest import ATOL, require_reference
 from tfgpt2 import load_model
 from tfgpt2.model import Conv1D
 from tfgpt2.reference import Reference
-from tfgpt2.sample import (SPLIT_K, choose, generate, generator_for, sample_sequence, top_k_logits,
+from tfgpt2.sample import (SPLIT_K, choose, generate, generator_for, plan, sample_sequence, top_k_logits,
                            top_p_logits, transpose_pays)
 
 
@@ -137,6 +137,31 @@ def test_split_layout_is_one_batched_product_of_the_weight_as_stored(layout, row
         weight = re.search(r"%(\S+) = f32\[1,64,32\]\S* parameter", hlo).group(1)
         assert re.search(rf"%{re.escape(dots[0][1])} = f32\[8,8,32\]\S* bitcast\(%{re.escape(weight)}\)", hlo), hlo
     np.testing.assert_allclose(conv(x, layout=layout).numpy(), conv(x).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_generation_updates_the_cache_in_place(tiny, batch):
+    """The compiled generation program writes each step's keys and values into the loop's
+    cache buffers and reads them there: no copy of a whole cache. (With a [batch, heads, T,
+    features] cache, XLA copied it four times a step at batch 1: 1.65x the time per token at
+    800 new tokens on 124M.)"""
+    hp = tiny.hparams
+    generator = generator_for(tiny)
+    length = 40
+    prompt_len, total = (int(n) for n in plan(1, length, hp.n_ctx))
+    args = (generator.weights_for(length, batch), tf.ones([batch, prompt_len], tf.int32), tf.zeros([batch], tf.int32),
+            tf.zeros([batch, total], tf.int32), tf.constant(length), tf.constant(1.0), tf.constant(0),
+            tf.constant(1.0), tf.constant(0, tf.int64), tf.constant(50256), tf.constant(False))
+    hlo = generator.generate_padded.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
+    head = hp.n_embd // hp.n_head
+    cache_shapes = (f"f32[{batch * hp.n_head},{total},{head}]", f"f32[{batch},{hp.n_head},{total},{head}]")
+    updates = [line for line in hlo.splitlines() if "dynamic-update-slice" in line and " fusion(" in line
+               and line.split(" = ")[1].startswith(cache_shapes[0])]
+    # the loop's: keys and values of each layer, written into the loop's own buffer
+    assert len(updates) == 2 * hp.n_layer and all(" fusion(%get-tuple-element" in u for u in updates), hlo
+    copies = [line for line in hlo.splitlines() if re.search(r" = (\S+) copy\(", line)
+              and re.search(r" = (\S+) copy\(", line).group(1).split("{")[0] in cache_shapes]
+    assert not copies, "\n".join(copies)
 
 
 def test_transpose_policy():

@@ -195,18 +195,16 @@ class Attention(keras.layers.Layer):
         c = self.c_attn(x, layout=layout[0])
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
         if cache is not None:
-            # batch and heads in one axis: at batch 1 a [1, heads, ...] cache reaches the
-            # products through a reshape, and XLA then copies the whole cache at every step
             present = tuple(write_cache(old, tf.reshape(new, [-1] + shape_list(new)[2:]), cache_index)
                             for old, new in zip(cache, (k, v)))
-            k, v = (tf.reshape(t, shape_list(q)[:2] + shape_list(t)[1:]) for t in present)
+            a = cached_attn(q, *present, attn_mask)
         else:
             present = tf.stack([k, v], axis=1)
             if past is not None:
                 pk, pv = tf.unstack(past, axis=1)
                 k = tf.concat([pk, k], axis=-2)
                 v = tf.concat([pv, v], axis=-2)
-        a = multihead_attn(q, k, v, attn_mask)
+            a = multihead_attn(q, k, v, attn_mask)
         a = self.merge_heads(a)
         return self.c_proj(a, layout=layout[1]), present
 
@@ -218,13 +216,29 @@ def mask_attn_weights(w, b):
     return w * b - tf.cast(min(1e10, float(w.dtype.max)), w.dtype) * (1 - b)
 
 
-def multihead_attn(q, k, v, mask):
-    # q, k, v have shape [batch, heads, sequence, features]; the softmax in float32
-    w = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)
-    w = w * tf.math.rsqrt(tf.cast(v.shape[-1], w.dtype))
+def attn_probs(w, mask, features):
+    # w is q @ k^T, [batch, heads, dst_sequence, src_sequence]; scaled, masked and softmaxed in float32
+    w = tf.cast(w, tf.float32)
+    w = w * tf.math.rsqrt(tf.cast(features, w.dtype))
     w = mask_attn_weights(w, mask)
-    w = softmax(w)
+    return softmax(w)
+
+
+def multihead_attn(q, k, v, mask):
+    # q, k, v have shape [batch, heads, sequence, features]
+    w = attn_probs(tf.matmul(q, k, transpose_b=True), mask, v.shape[-1])
     return tf.matmul(tf.cast(w, v.dtype), v)
+
+
+def cached_attn(q, k, v, mask):
+    """multihead_attn over the generation cache: q [batch, heads, n, features], k and v
+    [batch * heads, T, features]. The products read the cache as it is: a reshape of it
+    between its update and a product makes XLA copy the whole cache at every step."""
+    batch, heads, n, features = shape_list(q)
+    w = tf.matmul(tf.reshape(q, [batch * heads, n, features]), k, transpose_b=True)
+    w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
+    a = tf.matmul(tf.cast(tf.reshape(w, [batch * heads, n, -1]), v.dtype), v)
+    return tf.reshape(a, [batch, heads, n, features])
 
 
 @serializable
