@@ -479,10 +479,10 @@ class GPT2(keras.Model):
     def call_with_cache(self, X, cache, cache_index, *, pad=None, weights=None):
         """X [batch, T] through the blocks over `cache`, a list of per-layer (keys, values), each
         [batch * n_head, T_max, head_dim] (`empty_cache`; separate tensors, so that XLA updates
-        each in place),
-        X's keys and values written at slot `cache_index`. `pad` [batch] counts each row's
-        left-padding slots. `weights`: `transposed_weights()` or `split_layout(k)` (how XLA on a
-        CPU multiplies the few rows of a decode step by the block weights), or None.
+        each in place), X's keys and values written at slot `cache_index`. `pad` [batch]
+        counts each row's left-padding slots. `weights`: `transposed_weights()` or
+        `split_layout(k)` (how XLA on a CPU multiplies the few rows of a decode step by the
+        block weights), or None.
 
         Returns the logits of the last position [batch, n_vocab] (all that generation needs: a
         long prompt's logits cost more than its forward pass) and the updated cache. Inputs are
