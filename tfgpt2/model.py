@@ -190,8 +190,9 @@ class Attention(keras.layers.Layer):
     def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, layout=(None, None)):
         """`past` [batch, 2, heads, sequence, features] is concatenated to, as in the original,
         and `present` is [k, v] of x. Or `cache`, a pair (keys, values) of fixed size
-        [batch, heads, T, features], gets x's keys and values written at `cache_index`, and
-        `present` is the updated pair. `layout`: c_attn's and c_proj's (`Conv1D.call`)."""
+        [batch * heads, T, features] (`GPT2.empty_cache`), gets x's keys and values written at
+        `cache_index`, and `present` is the updated pair. `layout`: c_attn's and c_proj's
+        (`Conv1D.call`)."""
         c = self.c_attn(x, layout=layout[0])
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
         if cache is not None:

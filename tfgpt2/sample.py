@@ -130,7 +130,7 @@ def plan(longest, length, n_ctx):
 def transpose_pays(length, *, on_cpu, jit_compile=True):
     """Whether decoding multiplies by the block weights in another layout (`weights_for`,
     `GPT2.transposed_weights`): on a CPU, under XLA, from TRANSPOSE_FROM new tokens on, which
-    repay a copy (340 MB for 124M, freed after the call)."""
+    repay the copy made above batch 1 (340 MB for 124M, freed after the call)."""
     return tf.logical_and(bool(on_cpu and jit_compile), length >= TRANSPOSE_FROM)
 
 
