@@ -37,6 +37,18 @@ def test_load_reads_every_variable(tiny_dir):
         np.testing.assert_array_equal(v.numpy(), values[v.path], err_msg=v.path)
 
 
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_loaded_variables_are_read_without_a_copy(tiny_dir, dtype):
+    """The loader writes with a scatter, which leaves a variable copy-on-read: every later
+    read, in each generate or train step without XLA, would copy the whole weight."""
+    def buffer(tensor):  # (numpy takes no bfloat16; a bitcast keeps the buffer)
+        return np.from_dlpack(tf.bitcast(tensor, tf.uint16)).ctypes.data
+    model = load_model(tiny_dir, dtype=dtype)
+    for v in model.weights:
+        assert buffer(v.value.read_value()) == buffer(v.value.read_value()), v.path
+
+
 def test_load_from_prefix_and_folder(tiny_dir):
     a = load_model(tiny_dir, checkpoint=os.path.join(tiny_dir, "model.ckpt"))
     b = load_model(tiny_dir)

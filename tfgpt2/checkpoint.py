@@ -129,6 +129,9 @@ def _restore(model, prefix, header, entries, source):
         except (OSError, bundle.BundleError) as e:
             raise CheckpointError(f"{bundle.data_file(prefix, header, entries[name])}: cannot read tensor "
                                   f"{name!r}: {e}") from None
+        for copy in copies:
+            # a scatter leaves the variable copy-on-read: each later read would copy it whole
+            tf.raw_ops.DisableCopyOnRead(resource=copy.handle)
     return model
 
 
