@@ -37,7 +37,6 @@ def test_load_reads_every_variable(tiny_dir):
         np.testing.assert_array_equal(v.numpy(), values[v.path], err_msg=v.path)
 
 
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_loaded_variables_are_read_without_a_copy(tiny_dir, dtype):
     """The loader writes with a scatter, which leaves a variable copy-on-read: every later
