@@ -58,6 +58,25 @@ def serializable(cls):
     return keras.saving.register_keras_serializable(package="tfgpt2")(cls)
 
 
+def normalize(x, epsilon):
+    """(x - mean) * rsqrt(variance + epsilon) over the last axis, with its gradient written out.
+
+    Autodiff's gradient is the same, but its cheap pieces let XLA fuse each block's norm
+    gradients, recomputed, into every block below it (fusions of ~200 operands at 12 layers):
+    this one is materialized once per norm (README, Training speed)."""
+    @tf.custom_gradient
+    def run(x):
+        u = tf.reduce_mean(x, axis=-1, keepdims=True)
+        r = tf.math.rsqrt(tf.reduce_mean(tf.square(x - u), axis=-1, keepdims=True) + epsilon)
+        y = (x - u) * r
+
+        def grad(dy):
+            return r * (dy - tf.reduce_mean(dy, axis=-1, keepdims=True)
+                        - y * tf.reduce_mean(dy * y, axis=-1, keepdims=True))
+        return y, grad
+    return run(x)
+
+
 @serializable
 class Norm(keras.layers.Layer):
     """norm: LayerNorm over the last axis, epsilon inside the rsqrt, as written in the original."""
@@ -71,10 +90,7 @@ class Norm(keras.layers.Layer):
         self.b = self.add_weight(name="b", shape=[self.n_state], initializer="zeros")
 
     def call(self, x):
-        x = tf.cast(x, tf.float32)  # the statistics in float32 under any dtype policy
-        u = tf.reduce_mean(x, axis=-1, keepdims=True)
-        s = tf.reduce_mean(tf.square(x - u), axis=-1, keepdims=True)
-        x = (x - u) * tf.math.rsqrt(s + self.epsilon)
+        x = normalize(tf.cast(x, tf.float32), self.epsilon)  # the statistics in float32 under any dtype policy
         return tf.cast(x, self.compute_dtype) * self.g + self.b
 
     def compute_output_shape(self, input_shape):
