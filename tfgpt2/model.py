@@ -318,13 +318,15 @@ class Block(keras.layers.Layer):
 
 def recompute(block):
     """`block(h) -> (h, present)` that keeps only its input h for the backward pass and runs
-    again there. Unlike `tf.recompute_grad`, the rerun waits on the incoming gradient through
-    an optimization barrier, so that XLA can neither merge it with the forward pass (common
-    subexpression elimination) nor schedule it early: the saving holds under XLA too."""
+    again there. Unlike `tf.recompute_grad`, the rerun reads the incoming gradient (h plus
+    0 * a slice of it: XLA cannot fold a float times 0, which is NaN for inf), so that XLA can
+    neither merge it with the forward pass (common subexpression elimination) nor schedule it
+    early: the saving holds under XLA too. (An optimization barrier does the first, but XLA's
+    CPU compiler drops barriers before it schedules.)"""
     @tf.custom_gradient
     def run(h):
         def grad(dh, dpresent, variables=()):
-            h_again, dh, dpresent = xla.optimization_barrier(h, dh, dpresent)
+            h_again = h + 0 * dh[..., :1]
             with tf.GradientTape() as tape:
                 tape.watch(h_again)
                 again = block(h_again)
