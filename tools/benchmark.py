@@ -15,9 +15,10 @@ installed. Per candidate and batch size:
 - prefill: tokens per second for a `--prompt_len`-token prompt (one new token);
 - compile: the first call's time minus a warm call's, both lengths;
 - peak memory: the process's peak resident set (VmHWM), the runtime included, after the
-  decode runs (the prefill's long prompt left out) and at the end; and its resident set
-  before the first call (VmRSS: the runtime and the weights; n/a for the
-  reference, which starts its process then and restores the checkpoint in each call).
+  `--long` runs alone (one length: one compiled program), after both decode lengths (the
+  prefill's long prompt left out) and at the end; and its resident set before the first
+  call (VmRSS: the runtime and the weights; n/a for the reference, which starts its
+  process then and restores the checkpoint in each call).
 
 `--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
@@ -135,7 +136,9 @@ def worker(args):
     one = np.ones([args.batch_size, 1], np.int32)
     prompt = np.random.default_rng(0).integers(0, 50000, size=[args.batch_size, args.prompt_len]).astype(np.int32)
     # the first call of each shape compiles (or, for the reference, runs a fresh graph)
-    short, long = (run(one, n, args.runs + 1) for n in (args.short, args.long))
+    long = run(one, args.long, args.runs + 1)
+    long_peak = rss()
+    short = run(one, args.short, args.runs + 1)
     decode_peak = rss()
     prefill = run(prompt, 1, args.runs + 1)
     step = (np.median(long[1:]) - np.median(short[1:])) / (args.long - args.short)
@@ -143,6 +146,7 @@ def worker(args):
     print(json.dumps(dict(step_ms=step * 1e3, tokens_per_s=args.batch_size / step,
                           prefill_tokens_per_s=args.batch_size * args.prompt_len / np.median(prefill[1:]),
                           compile_s=compile_s, peak_rss_mb=rss(), decode_peak_rss_mb=decode_peak,
+                          long_peak_rss_mb=long_peak,
                           loaded_rss_mb=loaded,
                           runs={"short": short, "long": long, "prefill": prefill})))
 
@@ -173,17 +177,17 @@ def measure(candidate, batch, args):
 
 def table(results, batches):
     lines = ["| implementation | batch | decode ms/token | tokens/s | time vs reference | prefill tokens/s "
-             "| compile s | peak RSS MB | decode peak RSS MB | RSS before MB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| compile s | peak RSS MB | decode peak RSS MB | `--long` peak RSS MB | RSS before MB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     reference = {b: results.get(("reference", b), {}).get("step_ms") for b in batches}
     for (candidate, batch), r in results.items():
         if "error" in r:
-            lines.append(f"| {candidate} | {batch} | {r['error']} | | | | | | | |")
+            lines.append(f"| {candidate} | {batch} | {r['error']} | | | | | | | | |")
             continue
         ratio = f"{r['step_ms'] / reference[batch]:.2f}x" if reference[batch] else "n/a"
         lines.append(f"| {candidate} | {batch} | {r['step_ms']:.1f} | {r['tokens_per_s']:.1f} | {ratio} "
                      f"| {r['prefill_tokens_per_s']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_mb']:.0f} "
-                     f"| {r['decode_peak_rss_mb']:.0f} "
+                     f"| {r['decode_peak_rss_mb']:.0f} | {r['long_peak_rss_mb']:.0f} "
                      f"| {'n/a' if r['loaded_rss_mb'] is None else round(r['loaded_rss_mb'])} |")
     return "\n".join(lines)
 
