@@ -99,14 +99,17 @@ class Trainer:
 
     def _accumulated_gradients(self, tokens):
         """The mean loss and gradients of `accumulate` micro-batches of `tokens`."""
+        if self.accumulate == 1:
+            # No loop: XLA keeps even one that never runs, and gradients carried through it
+            # fuse neither with their producers nor into the update (124M at 4 x 128 tokens:
+            # 0.4 GB more peak memory, 4 s more compiling).
+            return self._loss_and_gradients(tokens)
         micro = tf.reshape(tokens, [self.accumulate, -1, tokens.shape[-1]])
         loss, grads = self._loss_and_gradients(micro[0])
         for i in tf.range(1, self.accumulate):
             more_loss, more = self._loss_and_gradients(micro[i])
             loss, grads = loss + more_loss, [a + b for a, b in zip(grads, more)]
-        if self.accumulate > 1:
-            loss, grads = loss / self.accumulate, [g / self.accumulate for g in grads]
-        return loss, grads
+        return loss / self.accumulate, [g / self.accumulate for g in grads]
 
     def _replica_step(self, tokens):
         loss, grads = self._gradients(tokens)
