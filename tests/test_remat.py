@@ -96,9 +96,10 @@ for remat in (False, True):
 def test_remat_lowers_xlas_own_count_of_a_train_steps_memory(tmp_path):
     """The bytes XLA allocates for a compiled Adam step (6 blocks of width 64, 1 x 511 tokens,
     the memory-minimizing scheduler), by its own buffer assignment: exact, unlike a process's
-    peak. Measured: 101 MiB without remat, 44 MiB with it; 85 MiB when the rerun waited on the
-    gradient only through an optimization barrier, which XLA drops before it schedules (so all
-    blocks were rerun at once: 1.5 GB more for 124M at 1 x 1023 tokens)."""
+    peak. Measured: 99 MiB without remat, 29 MiB with it (101 and 44 while the step kept an
+    empty accumulation loop); 85 MiB when the rerun waited on the gradient only through an
+    optimization barrier, which XLA drops before it schedules (so all blocks were rerun at
+    once: 1.5 GB more for 124M at 1 x 1023 tokens)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
                XLA_FLAGS=f"--xla_cpu_enable_concurrency_optimized_scheduler=false --xla_dump_to={tmp_path} "
                          "--xla_dump_hlo_pass_re=NONE")
@@ -106,7 +107,7 @@ def test_remat_lowers_xlas_own_count_of_a_train_steps_memory(tmp_path):
                          check=True, cwd=str(ROOT))
     without, with_remat = (int(n) for n in re.findall(r"^(\d+)$", out.stdout, re.M)[-2:])
     print(f"XLA's bytes for a train step: {without / 2**20:.0f} MiB, with remat {with_remat / 2**20:.0f} MiB")
-    assert with_remat < 0.6 * without
+    assert with_remat < 0.4 * without
 
 
 def test_train_cli_asks_xla_for_the_memory_schedule(monkeypatch):
