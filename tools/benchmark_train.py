@@ -7,7 +7,7 @@ Each candidate runs in a fresh process of its own, one after another, with the m
 (`--model_dir`'s hparams: tfgpt2 loads that checkpoint; KerasHub and transformers, where
 installed, get random weights of the same shape, without dropout), Adam, float32, on random
 token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`, `--no_xla`,
-`--optimizer`: tfgpt2's, as `tfgpt2.train` takes them). Per candidate: tokens per second
+`--optimizer`, `--accumulate`: tfgpt2's, as `tfgpt2.train` takes them). Per candidate: tokens per second
 (the median step time of `--steps` steps after `--warmup` steps), the first step's time
 (compilation included) and the process's peak resident memory (VmHWM). With `--repeats N`
 the candidates take turns N times and each figure is the median over the N processes, with
@@ -33,9 +33,9 @@ def peak_rss_mb():
         return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
 
 
-def batches(args, n_vocab):
+def batches(args, n_vocab, rows=None):
     rng = np.random.default_rng(0)
-    return [rng.integers(0, n_vocab, [args.batch, args.length + 1]).astype(np.int32)
+    return [rng.integers(0, n_vocab, [rows or args.batch, args.length + 1]).astype(np.int32)
             for _ in range(args.warmup + args.steps)]
 
 
@@ -62,8 +62,9 @@ def run_tfgpt2(args):
     optimizer = make_optimizer(args.optimizer, 2e-5)
     if args.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    trainer = Trainer(model, optimizer, jit_compile=not args.no_xla)
-    return time_steps(lambda b: float(trainer.step(tf.constant(b))), batches(args, model.hparams.n_vocab))
+    trainer = Trainer(model, optimizer, accumulate=args.accumulate, jit_compile=not args.no_xla)
+    data = batches(args, model.hparams.n_vocab, rows=args.accumulate * args.batch)
+    return time_steps(lambda b: float(trainer.step(tf.constant(b))), data)
 
 
 def run_keras_hub(args):
@@ -107,7 +108,8 @@ def run_transformers(args):
 def worker(args):
     seconds = {"tfgpt2": run_tfgpt2, "keras-hub": run_keras_hub, "transformers": run_transformers}[args.worker](args)
     timed = seconds[args.warmup:]
-    print(json.dumps({"tokens_per_s": args.batch * args.length / float(np.median(timed)),
+    tokens = args.accumulate * args.batch * args.length
+    print(json.dumps({"tokens_per_s": tokens / float(np.median(timed)), "tokens_per_step": tokens,
                       "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb()}))
 
 
@@ -124,7 +126,7 @@ def installed(candidate):
 def run_worker(candidate, args):
     """The worker's figures, or the last line of its error."""
     argv = [python_for(candidate), __file__, "--worker", candidate] + [
-        x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer")
+        x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer", "accumulate")
         for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat + ["--no_xla"] * args.no_xla
     out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     if out.returncode:
@@ -152,13 +154,19 @@ def main():
     p.add_argument("--remat", action="store_true", help="tfgpt2 recomputes each block in the backward pass")
     p.add_argument("--optimizer", choices=("adam", "adafactor"), default="adam", help="tfgpt2's optimizer")
     p.add_argument("--no_xla", action="store_true", help="tfgpt2's step as a plain tf.function (as tfgpt2.train --no_xla)")
+    p.add_argument("--accumulate", type=int, default=1,
+                   help="tfgpt2 averages the gradients of this many micro-batches of --batch rows per step "
+                        "(as tfgpt2.train --accumulate_gradients); tokens/s counts them all")
     p.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.accumulate > 1 and not args.worker and set(args.candidates) != {"tfgpt2"}:
+        p.error("--accumulate is tfgpt2's alone: add --candidates tfgpt2")
     if args.worker:
         return worker(args)
     print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
           f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}"
-          f"{' remat' if args.remat else ''}{' no XLA' if args.no_xla else ''}; median of {args.repeats} processes)\n|---|---:|---:|---:|", flush=True)
+          f"{' remat' if args.remat else ''}{' no XLA' if args.no_xla else ''}"
+          f"{f' accumulating {args.accumulate}' if args.accumulate > 1 else ''}; median of {args.repeats} processes)\n|---|---:|---:|---:|", flush=True)
     candidates = []
     for candidate in args.candidates:
         if installed(candidate):
