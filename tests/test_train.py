@@ -21,6 +21,7 @@ from tools.make_checkpoint import make_checkpoint
 pytestmark = pytest.mark.slow  # compiled training steps and the reference
 
 SAMPLE_LENGTH = 16  # windows of 17 tokens
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -190,11 +191,10 @@ def test_accumulating_holds_one_more_set_of_gradients():
     """Peak memory of a step of 2 micro-batches against one of 1, each in a fresh process (a
     model of 55 MiB of weights, almost all `wte`, and short windows: the gradients dominate).
     Measured: 1.2 sets more (the sums); 3.5 sets more when a loop carried the sums as tensors."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     peaks = []
     for accumulate in (1, 2):
         out = subprocess.run([sys.executable, "-c", ACCUMULATED_PEAK, str(accumulate)], capture_output=True,
-                             text=True, cwd=root, env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3"),
+                             text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
                              check=True)
         peak, gradients = (int(n) for n in out.stdout.split()[-2:])
         peaks.append(peak)
@@ -288,9 +288,8 @@ def test_two_replicas_equal_one_device(micro_dir, tmp_path, flags):
     argv = ["--models_dir", os.path.dirname(micro_dir), "--model_name", "micro", "--checkpoint_dir",
             str(tmp_path), "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2",
             "--sample_every", "0", "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), *flags]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=root,
-                         env=dict(os.environ, PYTHONPATH=root))
+    out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
     mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
     np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
