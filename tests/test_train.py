@@ -389,4 +389,8 @@ def test_bad_flags_and_folders_are_clear_errors(tiny_dir, tmp_path, capsys):
     (run_dir / "hparams.json").write_bytes(saved["hparams.json"])
     with pytest.raises(ValueError, match="already holds checkpoints"):
         run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "2", "--restore_from", "fresh")
+    # --steps is the run's total: below the run's step, an error, not a silent exit
+    with pytest.raises(ValueError, match=r"run1 is at step 1, past --steps 0: --steps is the run's total"):
+        run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "0")
+    assert run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "1") == []  # done already
     assert saved == {name: (run_dir / name).read_bytes() for name in saved}

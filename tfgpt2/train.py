@@ -324,6 +324,9 @@ def find_start(args):
     if os.path.isfile(os.path.join(run_dir, "hparams.json")) and load_hparams(run_dir) != hparams:
         raise ValueError(f"{run_dir}/hparams.json is {load_hparams(run_dir).values()}, but the model to "
                          f"start from ({source}) has {hparams.values()}")
+    if 0 <= args.steps < step:
+        raise ValueError(f"{run_dir} is at step {step}, past --steps {args.steps}: --steps is the run's "
+                         f"total, not a number of steps more (for N more: --steps {step} + N)")
     return run_dir, source, prefix, step, hparams
 
 
@@ -380,6 +383,9 @@ def train(args, strategy=None):
     distribute.check_batch(args.batch_size, strategy)
     chief = distribute.is_chief(strategy)  # the one process that writes the run folder
     run_dir, source, prefix, step, hp = find_start(args)
+    if step == args.steps:
+        tqdm.write(f"{run_dir} is at step {step}, --steps: nothing to train")
+        return []
     args.sample_length = args.sample_length or hp.n_ctx - 1
     if args.sample_length > hp.n_ctx:
         raise ValueError(f"--sample_length {args.sample_length} exceeds the model's context n_ctx={hp.n_ctx}")
