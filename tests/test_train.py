@@ -2,13 +2,16 @@
 run folders that OpenAI's code restores, accumulation, resume, and bad input."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
+import nbformat
 import numpy as np
 import pytest
 import tensorflow as tf
 import keras
+from nbclient import NotebookClient
 
 import tfgpt2
 from tfgpt2 import data, train
@@ -394,3 +397,43 @@ def test_bad_flags_and_folders_are_clear_errors(tiny_dir, tmp_path, capsys):
         run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "0")
     assert run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "1") == []  # done already
     assert saved == {name: (run_dir / name).read_bytes() for name in saved}
+
+
+def test_finetune_is_the_command_line_in_python(tiny_dir, tmp_path):
+    """`tfgpt2.finetune(dataset, flag=value, switch=True)`: the same run as the flags, and a
+    bad flag a ValueError (not argparse's exit) before any run folder is made."""
+    dataset = ids_npz(tmp_path / "d.npz", random_ids(60))
+    flags = dict(models_dir=os.path.dirname(tiny_dir), model_name=os.path.basename(tiny_dir),
+                 checkpoint_dir=str(tmp_path / "checkpoint"), sample_every=0, save_every=0, print_every=0,
+                 sample_length=SAMPLE_LENGTH, steps=3, no_xla=True, remat=False, val_dataset=None)
+    history = tfgpt2.finetune(dataset, run_name="python", **flags)
+    assert [s for s, _ in history] == [1, 2, 3]
+    assert history == run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "3", "--no_xla", run_name="flags")
+    assert train.checkpoint_steps(str(tmp_path / "checkpoint" / "python")) == [3]
+    for bad, message in [(dict(batch_size=0), "argument --batch_size: must be >= 1, got 0"),
+                         (dict(optimiser="adam"), "unrecognized arguments: --optimiser adam"),
+                         (dict(lr_schedule="cosine", steps=-1), "--lr_schedule cosine needs --steps")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            tfgpt2.finetune(dataset, run_name="bad", **{**flags, **bad})
+    assert not (tmp_path / "checkpoint" / "bad").exists()
+
+
+@pytest.mark.slow  # a notebook kernel, XLA compiles
+def test_the_finetuning_notebook_runs(tiny_dir, tmp_path, monkeypatch):
+    """notebooks/finetune.ipynb top to bottom on the tiny model, fine-tuned on the README: the
+    held-out loss falls, and the second call continues the run."""
+    settings = {"TFGPT2_MODEL_DIR": tiny_dir, "TFGPT2_WORK_DIR": str(tmp_path), "TFGPT2_STEPS": "40",
+                "TFGPT2_LEARNING_RATE": "1e-3"}
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TFGPT2_DATASET", raising=False)
+    notebook = os.path.join(ROOT, "notebooks", "finetune.ipynb")
+    nb = nbformat.read(notebook, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells), "save the notebook without outputs"
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": os.path.dirname(notebook)}}).execute()
+    stdout = "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    before, after = map(float, re.search(r"held-out loss: before ([\d.]+), after ([\d.]+)", stdout).groups())
+    assert after < before - 1, stdout
+    assert "continued at step 41 and stopped at 50" in stdout
+    assert train.checkpoint_steps(str(tmp_path / "checkpoint" / "run1"))[-1] == 50

@@ -14,6 +14,7 @@ _EXPORTS = {
     "get_encoder": "encoder", "default_encoder": "encoder",
     "sample_sequence": "sample", "generate": "sample",
     "export_saved_model": "export",
+    "finetune": "train",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -593,12 +593,42 @@ def parser():
     return p
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, *, exit_on_error=True):
+    """The flags; a bad one exits with argparse's usage message, or with `exit_on_error`
+    False raises ValueError with it."""
     p = parser()
+    if not exit_on_error:
+        p.error = _raise
     args = p.parse_args(argv)
     if args.lr_schedule == "cosine" and args.steps < 1:
         p.error("--lr_schedule cosine needs --steps")
     return args
+
+
+def _raise(message):
+    raise ValueError(message)
+
+
+def finetune(dataset, *, strategy=None, **flags):
+    """`python -m tfgpt2.train` from Python, as gpt-2-simple's `finetune` for notebooks: each
+    keyword is the flag of that name (True for a switch), e.g.
+    `finetune("corpus.txt", model_name="355M", steps=1000, remat=True)`. Returns the (step,
+    loss) of each update; Ctrl-C (an interrupted cell) saves and returns. A bad flag raises
+    ValueError before anything is loaded or written."""
+    argv = ["--dataset", str(dataset)]
+    for name, value in flags.items():
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is not None and value is not False:
+            argv += [f"--{name}", str(value)]
+    return _train_as_flagged(parse_args(argv, exit_on_error=False), strategy)
+
+
+def _train_as_flagged(args, strategy=None):
+    """`train` in the strategy of --strategy unless given one, XLA's scheduler set for --remat."""
+    if args.remat:
+        prefer_memory_schedule()
+    return train(args, strategy or distribute.make_strategy(args.strategy, args.tpu))
 
 
 def prefer_memory_schedule():
@@ -612,10 +642,8 @@ def prefer_memory_schedule():
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.remat:
-        prefer_memory_schedule()
     try:
-        train(args, distribute.make_strategy(args.strategy, args.tpu))
+        _train_as_flagged(args)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     except tf.errors.OpError as e:  # a worker that died, memory, ...
