@@ -384,7 +384,7 @@ def train(args, strategy=None):
     chief = distribute.is_chief(strategy)  # the one process that writes the run folder
     run_dir, source, prefix, step, hp = find_start(args)
     if step == args.steps:
-        tqdm.write(f"{run_dir} is at step {step}, --steps: nothing to train")
+        tqdm.write(f"{run_dir} has made its --steps {step} updates already: nothing to train")
         return []
     args.sample_length = args.sample_length or hp.n_ctx - 1
     if args.sample_length > hp.n_ctx:
