@@ -30,6 +30,18 @@ def require_reference():
     return REFERENCE_SRC
 
 
+def execute_notebook(path):
+    """Run the notebook at `path` (saved without outputs) top to bottom in a kernel of this
+    interpreter, from its folder; returns its printed output."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.read(path, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells), f"save {path} without outputs"
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(Path(path).parent)}}).execute()
+    return "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+
+
 def _folder(tmp_path_factory, name, hparams, std):
     return str(make_checkpoint(str(tmp_path_factory.mktemp("models") / name), hparams, std=std, seed=1))
 

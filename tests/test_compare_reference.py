@@ -2,12 +2,10 @@
 import subprocess
 import sys
 
-import nbformat
 import numpy as np
 import pytest
-from nbclient import NotebookClient
 
-from tests.conftest import ROOT, require_reference
+from tests.conftest import ROOT, execute_notebook, require_reference
 from tfgpt2 import compare
 from tfgpt2.checkpoint import load_model
 from tools.compare_reference import main
@@ -128,11 +126,7 @@ def test_notebook_executes_with_its_asserts(monkeypatch):
     of this interpreter."""
     monkeypatch.setenv("TFGPT2_REFERENCE_SRC", str(require_reference()))
     monkeypatch.delenv("TFGPT2_MODEL_DIR", raising=False)
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells), "save the notebook without outputs"
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    stdout = "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    stdout = execute_notebook(NOTEBOOK)
     assert f"python: {sys.executable}\n" in stdout
     assert "first layer that differs: None" in stdout and "first layer that differs: h5" in stdout
     assert "tying saves 38,597,376 parameters" in stdout

@@ -6,18 +6,16 @@ import re
 import subprocess
 import sys
 
-import nbformat
 import numpy as np
 import pytest
 import tensorflow as tf
 import keras
-from nbclient import NotebookClient
 
 import tfgpt2
 from tfgpt2 import data, train
 from tfgpt2.reference import Reference
 
-from conftest import require_reference
+from conftest import execute_notebook, require_reference
 from tfgpt2.hparams import default_hparams
 from tools.make_checkpoint import make_checkpoint
 
@@ -427,12 +425,7 @@ def test_the_finetuning_notebook_runs(tiny_dir, tmp_path, monkeypatch):
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TFGPT2_DATASET", raising=False)
-    notebook = os.path.join(ROOT, "notebooks", "finetune.ipynb")
-    nb = nbformat.read(notebook, as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells), "save the notebook without outputs"
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": os.path.dirname(notebook)}}).execute()
-    stdout = "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    stdout = execute_notebook(os.path.join(ROOT, "notebooks", "finetune.ipynb"))
     before, after = map(float, re.search(r"held-out loss: before ([\d.]+), after ([\d.]+)", stdout).groups())
     assert after < before - 1, stdout
     assert "continued at step 41 and stopped at 50" in stdout
