@@ -128,7 +128,7 @@ def test_adam_is_tf1_adam_and_the_run_folder_restores_in_the_reference(tiny_dir,
 def test_a_step_without_accumulation_compiles_without_a_loop(micro_dir):
     """XLA keeps even a loop that never runs; the gradients it carried could fuse neither with
     their producers nor into Adam's update (124M at 4 x 128 tokens: 0.4 GB more peak memory,
-    4 s more compiling; README, Training speed)."""
+    4 s more compiling; docs/performance.md, Training speed)."""
     tokens = tf.constant(random_ids(4 * 9).reshape(4, 9))
     for accumulate, loops in ((1, 0), (2, 1)):
         trainer = train.Trainer(tfgpt2.load_model(micro_dir), train.make_optimizer("adam", 1e-3), accumulate=accumulate)

@@ -63,7 +63,7 @@ def normalize(x, epsilon):
 
     Autodiff's gradient is the same, but its cheap pieces let XLA fuse each block's norm
     gradients, recomputed, into every block below it (fusions of ~200 operands at 12 layers):
-    this one is materialized once per norm (README, Training speed)."""
+    this one is materialized once per norm (docs/performance.md, Training speed)."""
     @tf.custom_gradient
     def run(x):
         u = tf.reduce_mean(x, axis=-1, keepdims=True)
