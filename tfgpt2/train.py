@@ -377,6 +377,25 @@ def _check_ids(chunks, n_vocab, name):
         raise data.DatasetError(f"{name}: token id {top} is outside [0, n_vocab={n_vocab})")
 
 
+def build_trainer(args, strategy, source, prefix):
+    """(model, optimizer, Trainer) as the flags say, the model's weights from `prefix`, the
+    model and the optimizer's state made in the strategy's scope."""
+    with strategy.scope():
+        model = load_model(source, checkpoint=prefix, dtype=args.precision)
+    model.remat = args.remat
+    variables = trained_variables(model, args.only_train_transformer_layers)
+    with strategy.scope():
+        optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
+                                   warmup_steps=args.warmup_steps, total_steps=args.steps,
+                                   clip_norm=args.clip_norm, weight_decay=args.weight_decay,
+                                   variables=variables)
+        if args.precision == "mixed_float16":  # dynamic loss scaling; a step with inf or NaN is skipped
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    trainer = Trainer(model, optimizer, variables=variables, accumulate=args.accumulate_gradients,
+                      strategy=strategy, jit_compile=not args.no_xla)
+    return model, optimizer, trainer
+
+
 def train(args, strategy=None):
     """Fine-tune as the flags say; returns the list of (step, loss) of this run's updates."""
     strategy = strategy or tf.distribute.get_strategy()
@@ -392,21 +411,9 @@ def train(args, strategy=None):
     vocab_dir = vocabulary_dir(source, os.path.join(args.models_dir, args.model_name))
     enc = get_encoder(os.path.basename(vocab_dir), os.path.dirname(vocab_dir))
     windows, val_batches = load_data(args, enc, hp)
-    with strategy.scope():
-        model = load_model(source, checkpoint=prefix, dtype=args.precision)
-    model.remat = args.remat
+    model, optimizer, trainer = build_trainer(args, strategy, source, prefix)
     if chief:
         write_run_files(run_dir, hp, vocab_dir)
-    variables = trained_variables(model, args.only_train_transformer_layers)
-    with strategy.scope():
-        optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
-                                   warmup_steps=args.warmup_steps, total_steps=args.steps,
-                                   clip_norm=args.clip_norm, weight_decay=args.weight_decay,
-                                   variables=variables)
-        if args.precision == "mixed_float16":  # dynamic loss scaling; a step with inf or NaN is skipped
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    trainer = Trainer(model, optimizer, variables=variables, accumulate=args.accumulate_gradients,
-                      strategy=strategy, jit_compile=not args.no_xla)
     if step and not restore_optimizer(optimizer, run_dir, step):
         tqdm.write(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh")
     optimizer.iterations.assign(step)
