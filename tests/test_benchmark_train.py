@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-ROOT = __file__.rsplit("/tests/", 1)[0]
+from conftest import ROOT
 
 
 def benchmark(*flags):

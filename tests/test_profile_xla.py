@@ -6,8 +6,7 @@ import sys
 import pytest
 
 from tools.profile_xla import GROUPS, group_of
-
-ROOT = __file__.rsplit("/tests/", 1)[0]
+from conftest import ROOT
 
 
 def test_groups_follow_the_tensorflow_op():

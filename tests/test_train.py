@@ -15,14 +15,13 @@ import tfgpt2
 from tfgpt2 import data, train
 from tfgpt2.reference import Reference
 
-from conftest import execute_notebook, require_reference
+from conftest import ROOT, execute_notebook, require_reference
 from tfgpt2.hparams import default_hparams
 from tools.make_checkpoint import make_checkpoint
 
 pytestmark = pytest.mark.slow  # compiled training steps and the reference
 
 SAMPLE_LENGTH = 16  # windows of 17 tokens
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +195,7 @@ def test_accumulating_holds_one_more_set_of_gradients():
     2.08 sets more, the next ones 1.18 to 1.25)."""
     def peak(accumulate):
         out = subprocess.run([sys.executable, "-c", ACCUMULATED_PEAK, str(accumulate)], capture_output=True,
-                             text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+                             text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3"),
                              check=True)
         return tuple(int(n) for n in out.stdout.split()[-2:])  # (peak, bytes of one set of gradients)
     (one, gradients), (two, _) = (min(peak(accumulate) for _ in range(2)) for accumulate in (1, 2))
@@ -291,7 +290,7 @@ def test_two_replicas_equal_one_device(micro_dir, tmp_path, flags):
             str(tmp_path), "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2",
             "--sample_every", "0", "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), *flags]
     out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=ROOT))
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr[-3000:]
     mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
     np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
@@ -426,7 +425,7 @@ def test_the_finetuning_notebook_runs(tiny_dir, tmp_path, monkeypatch):
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TFGPT2_DATASET", raising=False)
-    stdout = execute_notebook(os.path.join(ROOT, "notebooks", "finetune.ipynb"))
+    stdout = execute_notebook(ROOT / "notebooks" / "finetune.ipynb")
     before, after = map(float, re.search(r"held-out loss: before ([\d.]+), after ([\d.]+)", stdout).groups())
     assert after < before - 1, stdout
     assert "continued at step 41 and stopped at 50" in stdout
