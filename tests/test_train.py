@@ -190,16 +190,15 @@ print(sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables))
 def test_accumulating_holds_one_more_set_of_gradients():
     """Peak memory of a step of 2 micro-batches against one of 1, each in a fresh process (a
     model of 55 MiB of weights, almost all `wte`, and short windows: the gradients dominate).
-    Measured: 1.2 sets more (the sums); 3.5 sets more when a loop carried the sums as tensors.
-    The lower peak of two processes each: a process's peak varies by tens of MB (one run gave
-    2.08 sets more, the next ones 1.18 to 1.25)."""
-    def peak(accumulate):
+    Measured: 1.2 sets more (the sums); 3.5 sets more when a loop carried the sums as tensors."""
+    peaks = []
+    for accumulate in (1, 2):
         out = subprocess.run([sys.executable, "-c", ACCUMULATED_PEAK, str(accumulate)], capture_output=True,
                              text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3"),
                              check=True)
-        return tuple(int(n) for n in out.stdout.split()[-2:])  # (peak, bytes of one set of gradients)
-    (one, gradients), (two, _) = (min(peak(accumulate) for _ in range(2)) for accumulate in (1, 2))
-    more = (two - one) / gradients
+        peak, gradients = (int(n) for n in out.stdout.split()[-2:])
+        peaks.append(peak)
+    more = (peaks[1] - peaks[0]) / gradients
     print(f"2 micro-batches: {more:.2f} sets of gradients more")
     assert more < 2
 
