@@ -174,6 +174,7 @@ def test_accumulating_4_x_1_equals_a_batch_of_4(micro_dir, tmp_path, xla):
 
 ACCUMULATED_PEAK = """
 import sys, numpy as np, tensorflow as tf
+tf.config.threading.set_inter_op_parallelism_threads(1)
 from tfgpt2 import GPT2
 from tfgpt2.hparams import default_hparams
 from tfgpt2.train import Trainer, make_optimizer
@@ -189,8 +190,10 @@ print(sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables))
 @pytest.mark.slow
 def test_accumulating_holds_one_more_set_of_gradients():
     """Peak memory of a step of 2 micro-batches against one of 1, each in a fresh process (a
-    model of 55 MiB of weights, almost all `wte`, and short windows: the gradients dominate).
-    Measured: 1.2 sets more (the sums); 3.5 sets more when a loop carried the sums as tensors."""
+    model of 55 MiB of weights, almost all `wte`, and short windows: the gradients dominate),
+    on one inter-op thread: ops run side by side made the 1-micro-batch peak vary by a `wte`.
+    Measured: 1.4 sets more (the sums and 0.4 transient); 2.1 when the sums were zeroed with
+    `zeros_like` before the loop, 3.5 (on the default threads) when the loop carried them."""
     peaks = []
     for accumulate in (1, 2):
         out = subprocess.run([sys.executable, "-c", ACCUMULATED_PEAK, str(accumulate)], capture_output=True,
@@ -200,7 +203,7 @@ def test_accumulating_holds_one_more_set_of_gradients():
         peaks.append(peak)
     more = (peaks[1] - peaks[0]) / gradients
     print(f"2 micro-batches: {more:.2f} sets of gradients more")
-    assert more < 2
+    assert more < 1.7
 
 
 def run_interrupted(monkeypatch, update, *args, **kwargs):

@@ -112,15 +112,17 @@ class Trainer:
             return self._loss_and_gradients(tokens)
         # Each micro-batch's share of the mean gradients is added to variables as it comes: a
         # loop carrying the sums as tensors held about two sets of gradients more.
-        for total in self._sums:
-            total.assign(tf.zeros_like(total))
         micro = tf.reshape(tokens, [self.accumulate, -1, tokens.shape[-1]])
         loss = tf.constant(0.0)
         for i in tf.range(self.accumulate):
             more_loss, grads = self._loss_and_gradients(micro[i], share=1 / self.accumulate)
             loss += more_loss
-            for total, g in zip(self._sums, grads):
-                total.assign_add(g)
+            if i == 0:  # rather than zeroing them before the loop: `zeros_like` held a set more
+                for total, g in zip(self._sums, grads):
+                    total.assign(g)
+            else:
+                for total, g in zip(self._sums, grads):
+                    total.assign_add(g)
         return loss / self.accumulate, [total.read_value() for total in self._sums]
 
     def _replica_step(self, tokens):
