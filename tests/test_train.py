@@ -158,6 +158,35 @@ def test_adafactor_updates_as_keras_without_full_size_state():
         assert our_state == keras_state - 5 * 6 - 4 * 9 - 2  # less the velocities and two scalar placeholders
 
 
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_updates_as_keras_with_one_kernel_per_weight(name):
+    """tfgpt2's Adam and AdamW (`make_optimizer`) against Keras': the same weights after 3
+    updates, and each weight updated by one `ResourceApplyAdam` (Keras' ops made weight-sized
+    temporaries)."""
+    rng = np.random.default_rng(0)
+    shapes = [[7], [5, 6], [1, 4, 9]]
+    grads = [[tf.constant(rng.normal(size=s), tf.float32) for s in shapes] for _ in range(3)]
+    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    keras_optimizer = dict(adam=keras.optimizers.Adam, adamw=keras.optimizers.AdamW)[name]
+    results = []
+    for make in (lambda: train.make_optimizer(name, 1e-2, weight_decay=0.1 if name == "adamw" else 0.0),
+                 lambda: keras_optimizer(1e-2, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                                         **(dict(weight_decay=0.1) if name == "adamw" else {}))):
+        weights = [keras.Variable(w) for w in start]
+        optimizer = make()
+        optimizer.build(weights)
+        update = tf.function(lambda g: optimizer.apply_gradients(zip(g, weights)))
+        for g in grads:
+            update(g)
+        kernels = [op.type for op in update.get_concrete_function(grads[0]).graph.get_operations()]
+        results.append(([w.numpy() for w in weights], kernels.count("ResourceApplyAdam")))
+    (ours, our_kernels), (keras_, keras_kernels) = results
+    for a, b, w in zip(ours, keras_, start):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)  # rounding: weights up to 3.1, ulp 2.4e-7
+        assert np.abs(a - w).max() > 1e-3  # it moved
+    assert (our_kernels, keras_kernels) == (len(shapes), 0)
+
+
 @pytest.mark.parametrize("xla", [(), ("--no_xla",)], ids=["xla", "no_xla"])
 def test_accumulating_4_x_1_equals_a_batch_of_4(micro_dir, tmp_path, xla):
     dataset = ids_npz(tmp_path / "d.npz", random_ids(60, seed=8))
