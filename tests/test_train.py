@@ -221,7 +221,7 @@ def test_accumulating_holds_one_more_set_of_gradients():
     """Peak memory of a step of 2 micro-batches against one of 1, each in a fresh process (a
     model of 55 MiB of weights, almost all `wte`, and short windows: the gradients dominate),
     on one inter-op thread: ops run side by side made the 1-micro-batch peak vary by a `wte`.
-    Measured: 1.4 sets more (the sums and 0.4 transient); 2.1 when the sums were zeroed with
+    Measured: 1.3 sets more (the sums and 0.3 transient); 2.1 when the sums were zeroed with
     `zeros_like` before the loop, 3.5 (on the default threads) when the loop carried them."""
     peaks = []
     for accumulate in (1, 2):
