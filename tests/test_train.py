@@ -185,6 +185,10 @@ def test_adam_updates_as_keras_with_one_kernel_per_weight(name):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)  # rounding: weights up to 3.1, ulp 2.4e-7
         assert np.abs(a - w).max() > 1e-3  # it moved
     assert (our_kernels, keras_kernels) == (len(shapes), 0)
+    weights = [keras.Variable(w) for w in start]
+    amsgrad = train.Adam(1e-2, amsgrad=True)  # not the kernel's: Keras' own update
+    amsgrad.apply_gradients(zip(grads[0], weights))
+    assert len(amsgrad._velocity_hats) == len(shapes) and np.abs(amsgrad._velocity_hats[0].numpy()).max() > 0
 
 
 @pytest.mark.parametrize("xla", [(), ("--no_xla",)], ids=["xla", "no_xla"])
