@@ -219,8 +219,6 @@ class Adafactor(keras.optimizers.Adafactor):
                            self.add_variable_from_reference(reference_variable=var, name="velocity"))
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.amsgrad:  # the kernel has no maximum of past velocities
-            return super().update_step(gradient, variable, learning_rate)
         i = self._get_variable_index(variable)
         dtype = variable.dtype
         step = tf.cast(self.iterations + 1, dtype)
