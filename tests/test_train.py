@@ -135,13 +135,19 @@ def test_a_step_without_accumulation_compiles_without_a_loop(micro_dir):
         assert step.experimental_get_compiler_ir(tokens)(stage="optimized_hlo").count(" while(") == loops
 
 
-def test_adafactor_updates_as_keras_without_full_size_state():
-    """tfgpt2's Adafactor against Keras': the same weights after 3 updates (relative step and a
-    fixed learning rate), with state of rows + columns for a matrix, not one per weight."""
+def optimizer_case():
+    """Weights of a vector's, a matrix's and a Conv1D's shape: (shapes, 3 steps of gradients,
+    starting values)."""
     rng = np.random.default_rng(0)
     shapes = [[7], [5, 6], [1, 4, 9]]
     grads = [[tf.constant(rng.normal(size=s), tf.float32) for s in shapes] for _ in range(3)]
-    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    return shapes, grads, [rng.normal(size=s).astype(np.float32) for s in shapes]
+
+
+def test_adafactor_updates_as_keras_without_full_size_state():
+    """tfgpt2's Adafactor against Keras': the same weights after 3 updates (relative step and a
+    fixed learning rate), with state of rows + columns for a matrix, not one per weight."""
+    shapes, grads, start = optimizer_case()
     for options in ({}, {"learning_rate": 1e-2, "relative_step": False}):
         results = []
         for cls in (train.Adafactor, keras.optimizers.Adafactor):
@@ -163,10 +169,7 @@ def test_adam_updates_as_keras_with_one_kernel_per_weight(name):
     """tfgpt2's Adam and AdamW (`make_optimizer`) against Keras': the same weights after 3
     updates, and each weight updated by one `ResourceApplyAdam` (Keras' ops made weight-sized
     temporaries)."""
-    rng = np.random.default_rng(0)
-    shapes = [[7], [5, 6], [1, 4, 9]]
-    grads = [[tf.constant(rng.normal(size=s), tf.float32) for s in shapes] for _ in range(3)]
-    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    shapes, grads, start = optimizer_case()
     keras_optimizer = dict(adam=keras.optimizers.Adam, adamw=keras.optimizers.AdamW)[name]
     results = []
     for make in (lambda: train.make_optimizer(name, 1e-2, weight_decay=0.1 if name == "adamw" else 0.0),
