@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from tools.machine import describe
 
 
 def benchmark(*flags):
@@ -17,7 +18,7 @@ def test_accumulated_steps_count_every_micro_batch(tiny_dir):
               "--candidates", "tfgpt2")
     out = benchmark(*common, "--accumulate", "3")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "accumulating 3" in out.stdout
+    assert "accumulating 3" in out.stdout and describe() in out.stdout  # the machine, with the figures
     assert re.search(r"^\| tfgpt2 \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out.stdout, re.M), out.stdout
     worker = benchmark("--worker", "tfgpt2", *common[:-2], "--accumulate", "3")
     figures = json.loads(worker.stdout.strip().splitlines()[-1])

@@ -36,6 +36,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tools.machine import describe  # noqa: E402
 DEFAULT_REFERENCE = os.path.join(os.path.dirname(ROOT), "shared", "openai-gpt-2", "src")
 CANDIDATES = ["tfgpt2-xla", "tfgpt2", "reference", "keras-hub", "transformers"]
 
@@ -49,7 +51,6 @@ def rss_mb(pid="self", key="VmHWM"):
 # ---- one candidate in its own process ----------------------------------------------------
 
 def tfgpt2_runner(args, jit_compile):
-    sys.path.insert(0, ROOT)
     from tfgpt2 import load_model
     from tfgpt2.sample import generate
     model = load_model(args.model_dir, dtype=args.dtype)
@@ -60,7 +61,6 @@ def tfgpt2_runner(args, jit_compile):
 
 
 def reference_runner(args):
-    sys.path.insert(0, ROOT)
     from tfgpt2.reference import Reference
     ref = Reference(args.reference_src, args.model_dir)
 
@@ -220,7 +220,7 @@ def main(argv=None):
             else:
                 print(f"measuring {candidate} at batch {batch} ...", file=sys.stderr, flush=True)
                 results[(candidate, batch)] = measure(candidate, batch, args)
-    print(f"\n`{' '.join(['python', 'tools/benchmark.py'] + (argv or sys.argv[1:]))}`, {os.cpu_count()} CPUs, "
+    print(f"\n`{' '.join(['python', 'tools/benchmark.py'] + (argv or sys.argv[1:]))}`, {describe()}, "
           f"medians of {args.runs} runs, top_k={args.top_k}, tfgpt2 in {args.dtype}\n")
     print(table(results, args.batch))
 

@@ -8,10 +8,16 @@ Prints the median over `--runs` calls of [m, k] @ [k, n] (inputs made once, resu
 float32 scalar so that only the product is timed), per dtype and backend.
 """
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
 import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tools.machine import describe  # noqa: E402
 
 
 def gflops(fn, a, b, runs):
@@ -31,7 +37,7 @@ def main():
     p.add_argument("--n", type=int, default=3072)
     p.add_argument("--runs", type=int, default=30)
     args = p.parse_args()
-    print(f"| dtype | backend | GFLOP/s |  ([{args.m}, {args.k}] @ [{args.k}, {args.n}], median of {args.runs})\n"
+    print(f"| dtype | backend | GFLOP/s |  ([{args.m}, {args.k}] @ [{args.k}, {args.n}], median of {args.runs}; {describe()})\n"
           f"|---|---|---:|")
     for dtype in (tf.float32, tf.bfloat16):
         a = tf.cast(tf.random.normal([args.m, args.k]), dtype)

@@ -25,6 +25,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tools.machine import describe  # noqa: E402
 CANDIDATES = ["tfgpt2", "keras-hub", "transformers"]
 
 
@@ -50,7 +52,6 @@ def time_steps(step, data):
 
 
 def run_tfgpt2(args):
-    sys.path.insert(0, ROOT)
     import tensorflow as tf
     import keras
     from tfgpt2 import load_model
@@ -68,7 +69,6 @@ def run_tfgpt2(args):
 
 
 def run_keras_hub(args):
-    sys.path.insert(0, ROOT)
     import keras
     import keras_hub
     from tfgpt2.hparams import load_hparams
@@ -166,7 +166,7 @@ def main():
     print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
           f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}"
           f"{' remat' if args.remat else ''}{' no XLA' if args.no_xla else ''}"
-          f"{f' accumulating {args.accumulate}' if args.accumulate > 1 else ''}; median of {args.repeats} processes)\n|---|---:|---:|---:|", flush=True)
+          f"{f' accumulating {args.accumulate}' if args.accumulate > 1 else ''}; median of {args.repeats} processes; {describe()})\n|---|---:|---:|---:|", flush=True)
     candidates = []
     for candidate in args.candidates:
         if installed(candidate):

@@ -25,6 +25,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tools.machine import describe  # noqa: E402
 GROUPS = ("block weights", "attention", "output layer", "optimizer", "other")
 
 
@@ -162,14 +164,13 @@ def run_profile(args, dump_dir):
     # both read when XLA first compiles: this process's own settings, added to the user's
     os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_xprof_traceme=true",
                                                       f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text")))
-    sys.path.insert(0, ROOT)
     from tfgpt2 import load_model
     model = load_model(args.model_dir)
     run, units = (generate_run if args.mode == "generate" else train_run)(model, args)
     wall, times = profiled(run, units)
     unit = "generated token (the whole batch's step)" if args.mode == "generate" else "step"
     print(f"`python tools/profile_xla.py --model_dir {args.model_dir} {args.mode} --batch {args.batch} "
-          f"--length {args.length}`, per {unit}\n")
+          f"--length {args.length}`, per {unit}, on {describe()}\n")
     print(report(wall, times, hlo_groups(dump_dir)))
 
 
