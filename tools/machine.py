@@ -35,13 +35,16 @@ def gpus():
 
 
 def describe():
-    """'<CPU model>, <n> CPUs, <features present> (none of <the others>)[, GPUs]'."""
+    """'<CPU model>, <n> CPUs, <FEATURES present> (no <the others>)[, <GPU>...]'."""
     try:
         with open("/proc/cpuinfo") as f:
             model, present = cpu(f.read())
     except OSError:  # not Linux
         model, present = platform.processor() or platform.machine(), []
     absent = [f for f in FEATURES if f not in present]
-    line = f"{model}, {os.cpu_count()} CPUs, {' '.join(present) or 'no AVX2'}"
-    line += f" (no {', '.join(absent)})" if absent else ""
+    line = f"{model}, {os.cpu_count()} CPUs"
+    if present:
+        line += ", " + " ".join(present)
+    if absent:
+        line += f" (no {', '.join(absent)})"
     return line + "".join(f", {g}" for g in gpus())
