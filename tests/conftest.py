@@ -4,6 +4,7 @@ vocabulary; tests that need it skip with a reason where it is absent.
 Model folders are written once per test run by the code behind `tools/make_checkpoint.py`,
 with weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits.
 """
+import collections
 import os
 from pathlib import Path
 
@@ -21,6 +22,14 @@ REFERENCE_SRC = SHARED / "openai-gpt-2" / "src"
 
 TINY = dict(n_vocab=50257, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
 WIDE = dict(n_vocab=50257, n_ctx=128, n_embd=1024, n_head=16, n_layer=2)
+
+
+def pytest_collection_modifyitems(items):
+    """Files with the most slow tests first, each file's tests in their order: the README's
+    test command hands whole files to two workers (`-n 2 --dist loadfile`), and the longest
+    files started first let both finish together."""
+    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # a stable sort: files stay whole
 
 
 def require_reference():
