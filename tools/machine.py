@@ -39,8 +39,8 @@ def describe():
     try:
         with open("/proc/cpuinfo") as f:
             model, present = cpu(f.read())
-    except OSError:  # not Linux
-        model, present = platform.processor() or platform.machine(), []
+    except OSError:  # not Linux: cpu's fallbacks
+        model, present = cpu("")
     absent = [f for f in FEATURES if f not in present]
     line = f"{model}, {os.cpu_count()} CPUs"
     if present:
