@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tools.profile_xla import GROUPS, group_of
+from tools.profile_xla import GROUPS, group_of, op_times
 from conftest import ROOT
 
 
@@ -16,6 +16,28 @@ def test_groups_follow_the_tensorflow_op():
     assert group_of("MatMul", "gradient_tape/model_1/MatMul/MatMul_1") == "output layer"
     assert group_of("AssignVariableOp", "adam/AssignVariableOp_12") == "optimizer"
     assert group_of("Tanh", "model_1/h0_1/mlp_1/Tanh") == "other"
+
+
+def test_op_times_counts_xla_operations_on_any_thread(tmp_path):
+    """XLA runs a whole program on the calling thread when the cores are busy: its operations
+    count there too, a loop's body apart from the loop, and the runtime's own events not."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    plane.stat_metadata[1].name = "hlo_op"
+    for i, name in enumerate(["while.9", "dot.3", "BlockUntilReady", "fusion.2"], 1):
+        plane.event_metadata[i].name = name
+    events = {"python": [(1, 0, 10), (2, 2, 5), (3, 0, 20)], "tf_numa_-1_Eigen/1": [(4, 30, 4)]}
+    for line_name, line_events in events.items():
+        line = plane.lines.add(name=line_name)
+        for metadata_id, start_us, duration_us in line_events:
+            event = line.events.add(metadata_id=metadata_id, offset_ps=start_us * 10**6,
+                                    duration_ps=duration_us * 10**6)
+            if metadata_id != 3:
+                event.stats.add(metadata_id=1, str_value=plane.event_metadata[metadata_id].name)
+    (tmp_path / "host.xplane.pb").write_bytes(space.SerializeToString())
+    times = {name: round(seconds * 1e6, 6) for name, seconds in op_times(str(tmp_path)).items()}
+    assert times == {"while.9": 5, "dot.3": 5, "fusion.2": 4}
 
 
 def profile(model_dir, *args):

@@ -65,9 +65,10 @@ def hlo_groups(dump_dir):
 
 
 def op_times(logdir):
-    """{operation name: seconds} over the XLA operations the profiler recorded under logdir
-    (on XLA's thread pool), each without the time of operations nested in it (a loop's or a
-    conditional's body)."""
+    """{operation name: seconds} over the XLA operations the profiler recorded under logdir,
+    each without the time of operations nested in it (a loop's or a conditional's body).
+    An operation is an event with an `hlo_op` stat, on whichever thread ran it: XLA's thread
+    pool, or the calling thread (which runs whole programs when the cores are busy)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
     times = collections.Counter()
     for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
@@ -76,12 +77,13 @@ def op_times(logdir):
             space.ParseFromString(f.read())
         for plane in space.planes:
             names = {k: v.name for k, v in plane.event_metadata.items()}
-            for line in (line for line in plane.lines if "Eigen" in line.name):
+            hlo_op = {k for k, v in plane.stat_metadata.items() if v.name == "hlo_op"}
+            for line in plane.lines:
                 open_events = []  # (end, name) of the operations enclosing the current one
                 for event in sorted(line.events, key=lambda e: (e.offset_ps, -e.duration_ps)):
-                    name = names.get(event.metadata_id, "")
-                    if not name or "::" in name or " " in name:
+                    if not any(stat.metadata_id in hlo_op for stat in event.stats):
                         continue
+                    name = names.get(event.metadata_id, "")
                     while open_events and open_events[-1][0] <= event.offset_ps:
                         open_events.pop()
                     if open_events:
@@ -133,6 +135,8 @@ def report(wall, times, groups):
     for name, seconds in times.items():
         by_group[groups.get(name, "other")] += seconds
     total = sum(by_group.values())
+    if not total:
+        raise SystemExit("the profiler recorded no XLA operations (is this TensorFlow's profiler working?)")
     unmatched = sum(s for n, s in times.items() if n not in groups)
     lines = [f"wall {wall * 1e3:.1f} ms; XLA operations {total * 1e3:.1f} ms "
              f"({unmatched * 1e3:.1f} ms not found in the HLO dump, counted as other)",
