@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from conftest import TINY
+from tools.benchmark_train import flops_per_token
 from tools.machine import describe
 
 
@@ -19,10 +21,21 @@ def test_accumulated_steps_count_every_micro_batch(tiny_dir):
     out = benchmark(*common, "--accumulate", "3")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "accumulating 3" in out.stdout and describe() in out.stdout  # the machine, with the figures
-    assert re.search(r"^\| tfgpt2 \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out.stdout, re.M), out.stdout
+    row = re.search(r"^\| tfgpt2 \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \|$", out.stdout, re.M)
+    assert row, out.stdout
+    tokens_per_s, gflops = map(float, row.groups())
+    assert abs(gflops - tokens_per_s * flops_per_token(TINY, 15) / 1e9) <= 0.5 + 0.01 * gflops
     worker = benchmark("--worker", "tfgpt2", *common[:-2], "--accumulate", "3")
     figures = json.loads(worker.stdout.strip().splitlines()[-1])
     assert figures["tokens_per_step"] == 3 * 2 * 15 and figures["tokens_per_s"] > 0
+
+
+def test_flops_per_token_of_124m():
+    """6 per weight of the products (85M in the blocks, 38.6M in the output layer) and 12 per
+    position and feature per layer for attention: 755 MFLOP per token at 128 positions."""
+    hparams = dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
+    blocks, output = 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072), 768 * 50257
+    assert flops_per_token(hparams, 128) == 6 * (blocks + output) + 12 * 12 * 128 * 768 == 755_347_968
 
 
 def test_accumulate_is_tfgpt2s_alone(tiny_dir):

@@ -9,7 +9,10 @@ installed, get random weights of the same shape, without dropout), Adam, float32
 token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`, `--no_xla`,
 `--optimizer`, `--accumulate`: tfgpt2's, as `tfgpt2.train` takes them). Per candidate: tokens per second
 (the median step time of `--steps` steps after `--warmup` steps), the first step's time
-(compilation included) and the process's peak resident memory (VmHWM). With `--repeats N`
+(compilation included) and the process's peak resident memory (VmHWM); model GFLOP/s is
+tokens/s times the products' work per token (`flops_per_token`, without what `--remat`
+recomputes), to set against the machine's product rate (`tools/benchmark_matmul.py`). With
+`--repeats N`
 the candidates take turns N times and each figure is the median over the N processes, with
 its range. transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and
 transformers; they need not share tfgpt2's environment).
@@ -39,6 +42,16 @@ def batches(args, n_vocab, rows=None):
     rng = np.random.default_rng(0)
     return [rng.integers(0, n_vocab, [rows or args.batch, args.length + 1]).astype(np.int32)
             for _ in range(args.warmup + args.steps)]
+
+
+def flops_per_token(hparams, length):
+    """Multiply-adds x 2 of a training step per predicted token: forward, input gradient and
+    weight gradient (3 x 2 per weight) of the blocks' and the output layer's products, and
+    attention's two products over `length` positions (all of them, as the implementations
+    compute them, masked or not)."""
+    n_embd, n_layer = hparams["n_embd"], hparams["n_layer"]
+    weights = n_layer * 12 * n_embd * n_embd + hparams["n_vocab"] * n_embd
+    return 6 * weights + 3 * n_layer * 2 * 2 * length * n_embd
 
 
 def time_steps(step, data):
@@ -163,16 +176,18 @@ def main():
         p.error("--accumulate is tfgpt2's alone: add --candidates tfgpt2")
     if args.worker:
         return worker(args)
-    print(f"| implementation | tokens/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
+    with open(os.path.join(args.model_dir, "hparams.json")) as f:
+        flops = flops_per_token(json.load(f), args.length)
+    print(f"| implementation | tokens/s | model GFLOP/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
           f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}"
           f"{' remat' if args.remat else ''}{' no XLA' if args.no_xla else ''}"
-          f"{f' accumulating {args.accumulate}' if args.accumulate > 1 else ''}; median of {args.repeats} processes; {describe()})\n|---|---:|---:|---:|", flush=True)
+          f"{f' accumulating {args.accumulate}' if args.accumulate > 1 else ''}; median of {args.repeats} processes; {describe()})\n|---|---:|---:|---:|---:|", flush=True)
     candidates = []
     for candidate in args.candidates:
         if installed(candidate):
             candidates.append(candidate)
         else:
-            print(f"| {candidate} | not installed | | |", flush=True)
+            print(f"| {candidate} | not installed | | | |", flush=True)
     results = {c: [] for c in candidates}
     for _ in range(args.repeats):
         for candidate in candidates:
@@ -180,9 +195,10 @@ def main():
     for candidate, runs in results.items():
         failed = [r for r in runs if isinstance(r, str)]
         if failed:
-            print(f"| {candidate} | {failed[0]} | | |", flush=True)
+            print(f"| {candidate} | {failed[0]} | | | |", flush=True)
             continue
         print(f"| {candidate} | {spread([r['tokens_per_s'] for r in runs], '{:.0f}')} "
+              f"| {spread([r['tokens_per_s'] * flops / 1e9 for r in runs], '{:.0f}')} "
               f"| {spread([r['first_step_s'] for r in runs], '{:.1f}')} "
               f"| {spread([r['peak_rss_mb'] for r in runs], '{:.0f}')} |", flush=True)
 
