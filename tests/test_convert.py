@@ -16,6 +16,7 @@ from tfgpt2 import load_model
 from tfgpt2.convert import ConversionError, convert, load, read, save, write
 from tfgpt2.hparams import default_hparams
 from tools import convert as convert_cli
+from tools.benchmark_train import has_modules, hf_python
 from tools.make_checkpoint import make_checkpoint
 
 ATOL = 5e-4  # two correct fp32 implementations (tests/test_model.py)
@@ -186,8 +187,8 @@ def test_hf_transformers_gives_the_same_logits(std01_dir, tmp_path):
     """Optional: needs torch and transformers, in this interpreter or in the one
     TFGPT2_HF_PYTHON names. HF runs in a child process: torch and TensorFlow in one process
     can crash."""
-    python = os.environ.get("TFGPT2_HF_PYTHON", sys.executable)
-    if subprocess.run([python, "-c", "import torch, transformers"], capture_output=True).returncode:
+    python = hf_python()
+    if not has_modules(python, "torch", "transformers"):
         pytest.skip(f"torch or transformers is not installed for {python} (an optional test extra: "
                     "pip install transformers torch, or set TFGPT2_HF_PYTHON)")
     convert(std01_dir, tmp_path / "hf", src_format="openai", dst_format="hf")

@@ -7,7 +7,9 @@ GFLOP/s).
     python tools/benchmark_matmul.py --m 512 --k 768 --n 3072 --runs 30
 
 Prints the median over `--runs` calls of [m, k] @ [k, n] (inputs made once, result reduced to a
-float32 scalar so that only the product is timed), per dtype and backend. PyTorch runs in a
+float32 scalar so that only the product is timed), per dtype and backend; over fewer calls, 3 at
+least, where the calls take over `--seconds` in all (PyTorch emulates bfloat16 products without
+the instructions for them, at about 1 GFLOP/s). PyTorch runs in a
 process of its own, under `$TFGPT2_HF_PYTHON` where set (as in `tools/benchmark_train.py`), and
 is left out where torch is not installed there.
 """
@@ -22,6 +24,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from tools.benchmark_train import has_modules, hf_python  # noqa: E402
 from tools.machine import describe  # noqa: E402
 
 
@@ -29,7 +32,7 @@ def gflops(product, args):
     """The product's rate: 2mkn over the median seconds of `product()`, after one call."""
     product()  # compile
     seconds = []
-    for _ in range(args.runs):
+    while len(seconds) < args.runs and (len(seconds) < 3 or sum(seconds) < args.seconds):
         start = time.perf_counter()
         product()
         seconds.append(time.perf_counter() - start)
@@ -55,11 +58,10 @@ def torch_rows(args):
 
 def torch_worker_rows(args):
     """PyTorch's rows from a process of its own, or none where torch is not installed there."""
-    python = os.environ.get("TFGPT2_HF_PYTHON", sys.executable)
-    if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode:
+    if not has_modules(hf_python(), "torch"):
         return
-    out = subprocess.run([python, __file__, "--worker", *(f"--{k}={getattr(args, k)}" for k in ("m", "k", "n", "runs"))],
-                         capture_output=True, text=True, check=True)
+    flags = [f"--{k}={getattr(args, k)}" for k in ("m", "k", "n", "runs", "seconds")]
+    out = subprocess.run([hf_python(), __file__, "--worker", *flags], capture_output=True, text=True, check=True)
     yield from json.loads(out.stdout)
 
 
@@ -69,12 +71,13 @@ def main():
     p.add_argument("--k", type=int, default=768)
     p.add_argument("--n", type=int, default=3072)
     p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--seconds", type=float, default=20, help="stop timing a product after this long (3 calls at least)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return print(json.dumps(list(torch_rows(args))))
-    print(f"| dtype | backend | GFLOP/s |  ([{args.m}, {args.k}] @ [{args.k}, {args.n}], median of {args.runs}; {describe()})\n"
-          f"|---|---|---:|")
+    print(f"| dtype | backend | GFLOP/s |  ([{args.m}, {args.k}] @ [{args.k}, {args.n}], median of up to {args.runs} "
+          f"calls within {args.seconds:g} s; {describe()})\n|---|---|---:|")
     for rows in (tensorflow_rows(args), torch_worker_rows(args)):
         for dtype, backend, rate in rows:
             print(f"| {dtype} | {backend} | {rate:.1f} |", flush=True)

@@ -126,14 +126,23 @@ def worker(args):
                       "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb()}))
 
 
+def hf_python():
+    """The Python that runs PyTorch: `$TFGPT2_HF_PYTHON` where set, else this one."""
+    return os.environ.get("TFGPT2_HF_PYTHON", sys.executable)
+
+
+def has_modules(python, *modules):
+    check = "import importlib.util, sys; sys.exit(not all(importlib.util.find_spec(m) for m in sys.argv[1:]))"
+    return subprocess.run([python, "-c", check, *modules]).returncode == 0
+
+
 def python_for(candidate):
-    return os.environ.get("TFGPT2_HF_PYTHON", sys.executable) if candidate == "transformers" else sys.executable
+    return hf_python() if candidate == "transformers" else sys.executable
 
 
 def installed(candidate):
     needs = {"tfgpt2": [], "keras-hub": ["keras_hub"], "transformers": ["torch", "transformers"]}[candidate]
-    check = "import importlib.util, sys; sys.exit(not all(importlib.util.find_spec(m) for m in sys.argv[1:]))"
-    return subprocess.run([python_for(candidate), "-c", check, *needs]).returncode == 0
+    return has_modules(python_for(candidate), *needs)
 
 
 def run_worker(candidate, args):
