@@ -4,8 +4,7 @@ import re
 import subprocess
 import sys
 
-from conftest import ROOT
-from conftest import TINY
+from conftest import ROOT, TINY
 from tools.benchmark_train import flops_per_token
 from tools.machine import describe
 

@@ -9,9 +9,9 @@ GFLOP/s).
 Prints the median over `--runs` calls of [m, k] @ [k, n] (inputs made once, result reduced to a
 float32 scalar so that only the product is timed), per dtype and backend; over fewer calls, 3 at
 least, where the calls take over `--seconds` in all (PyTorch emulates bfloat16 products without
-the instructions for them, at about 1 GFLOP/s). PyTorch runs in a
-process of its own, under `$TFGPT2_HF_PYTHON` where set (as in `tools/benchmark_train.py`), and
-is left out where torch is not installed there.
+the instructions for them, at about 1 GFLOP/s). PyTorch runs in a process of its own, under
+`$TFGPT2_HF_PYTHON` where set (as in `tools/benchmark_train.py`), and is left out where torch
+is not installed there.
 """
 import argparse
 import json

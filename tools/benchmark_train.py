@@ -12,9 +12,8 @@ token batches of `--batch` x `--length` predicted tokens (`--precision`, `--rema
 (compilation included) and the process's peak resident memory (VmHWM); model GFLOP/s is
 tokens/s times the products' work per token (`flops_per_token`, without what `--remat`
 recomputes), to set against the machine's product rate (`tools/benchmark_matmul.py`). With
-`--repeats N`
-the candidates take turns N times and each figure is the median over the N processes, with
-its range. transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and
+`--repeats N` the candidates take turns N times and each figure is the median over the N
+processes, with its range. transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and
 transformers; they need not share tfgpt2's environment).
 """
 import argparse
