@@ -1,11 +1,14 @@
 """tools/benchmark_train.py: each candidate's figures from its own process."""
+import argparse
 import json
 import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, TINY
-from tools.benchmark_train import flops_per_token
+from tools.benchmark_train import flops_per_token, run_worker
 from tools.machine import describe
 
 
@@ -40,3 +43,19 @@ def test_flops_per_token_of_124m():
 def test_accumulate_is_tfgpt2s_alone(tiny_dir):
     out = benchmark("--model_dir", tiny_dir, "--accumulate", "2", "--candidates", "tfgpt2", "keras-hub")
     assert out.returncode == 2 and "--accumulate is tfgpt2's alone" in out.stderr
+
+
+@pytest.mark.slow
+def test_float32_baseline_runs_beside_the_options_given(tiny_dir):
+    """tfgpt2-float32 trains in float32 with XLA whatever --precision and --no_xla say, while
+    tfgpt2 takes them: the two workers' own account of what they ran, and both rows."""
+    args = argparse.Namespace(model_dir=tiny_dir, batch=2, length=15, steps=1, warmup=1, precision="mixed_bfloat16",
+                              optimizer="adam", accumulate=1, remat=False, no_xla=True)
+    options, baseline = run_worker("tfgpt2", args), run_worker("tfgpt2-float32", args)
+    assert (options["precision"], options["xla"]) == ("mixed_bfloat16", False), options
+    assert (baseline["precision"], baseline["xla"]) == ("float32", True), baseline
+    out = benchmark("--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "1", "--warmup", "1",
+                    "--candidates", "tfgpt2", "tfgpt2-float32", "--precision", "mixed_bfloat16", "--no_xla")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in ("tfgpt2", "tfgpt2-float32"):
+        assert re.search(rf"^\| {name} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out.stdout, re.M), out.stdout

@@ -616,7 +616,7 @@ def parser():
     a("--val_batch_size", type=_type(int, 1), default=2)
     a("--val_batch_count", type=_type(int, 1), default=40)
     a("--print_every", type=_type(int, 0), default=1, help="log lines when stderr is not a terminal")
-    a("--no_xla", action="store_true", help="run the step without XLA (compiles faster, runs slower)")
+    a("--no_xla", action="store_true", help="run the step without XLA (compiles faster; on a CPU, 16-bit products: see --precision)")
     a("--seed", type=int, default=0, help="draws the windows (and samples)")
     a("--lr_schedule", choices=("constant", "cosine"), default="constant",
       help="cosine: down to a tenth of --learning_rate at --steps")
@@ -624,7 +624,9 @@ def parser():
     a("--clip_norm", type=_type(float, 0), default=0.0, help="clip gradients to this global norm (0: off)")
     a("--weight_decay", type=_type(float, 0), default=0.0, help="decoupled weight decay (AdamW's)")
     a("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
-      help="mixed_*: float32 weights, matmuls in 16 bits (float16 with dynamic loss scaling)")
+      help="mixed_*: float32 weights, matmuls in 16 bits (float16 with dynamic loss scaling); "
+           "on a CPU only with --no_xla (XLA's CPU dots are float32), faster where oneDNN's "
+           "bfloat16 kernels are")
     a("--remat", action="store_true", help="recompute each block in the backward pass: less memory, more time")
     return p
 

@@ -7,7 +7,8 @@ Each candidate runs in a fresh process of its own, one after another, with the m
 (`--model_dir`'s hparams: tfgpt2 loads that checkpoint; KerasHub and transformers, where
 installed, get random weights of the same shape, without dropout), Adam, float32, on random
 token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`, `--no_xla`,
-`--optimizer`, `--accumulate`: tfgpt2's, as `tfgpt2.train` takes them). Per candidate: tokens per second
+`--optimizer`, `--accumulate`: tfgpt2's, as `tfgpt2.train` takes them; candidate tfgpt2-float32 is
+tfgpt2 in float32 with XLA, `tfgpt2.train`'s default, beside them in the same run). Per candidate: tokens per second
 (the median step time of `--steps` steps after `--warmup` steps), the first step's time
 (compilation included) and the process's peak resident memory (VmHWM); model GFLOP/s is
 tokens/s times the products' work per token (`flops_per_token`, without what `--remat`
@@ -29,7 +30,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tools.machine import describe  # noqa: E402
-CANDIDATES = ["tfgpt2", "keras-hub", "transformers"]
+CANDIDATES = ["tfgpt2", "tfgpt2-float32", "keras-hub", "transformers"]
 
 
 def peak_rss_mb():
@@ -122,7 +123,8 @@ def worker(args):
     timed = seconds[args.warmup:]
     tokens = args.accumulate * args.batch * args.length
     print(json.dumps({"tokens_per_s": tokens / float(np.median(timed)), "tokens_per_step": tokens,
-                      "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb()}))
+                      "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb(),
+                      "precision": args.precision, "xla": not args.no_xla}))
 
 
 def hf_python():
@@ -140,12 +142,15 @@ def python_for(candidate):
 
 
 def installed(candidate):
-    needs = {"tfgpt2": [], "keras-hub": ["keras_hub"], "transformers": ["torch", "transformers"]}[candidate]
+    needs = {"tfgpt2": [], "tfgpt2-float32": [], "keras-hub": ["keras_hub"], "transformers": ["torch", "transformers"]}[candidate]
     return has_modules(python_for(candidate), *needs)
 
 
 def run_worker(candidate, args):
-    """The worker's figures, or the last line of its error."""
+    """The worker's figures, or the last line of its error. tfgpt2-float32 is tfgpt2 with
+    `tfgpt2.train`'s default precision and compilation (float32, XLA), the other options as given."""
+    if candidate == "tfgpt2-float32":
+        candidate, args = "tfgpt2", argparse.Namespace(**dict(vars(args), precision="float32", no_xla=False))
     argv = [python_for(candidate), __file__, "--worker", candidate] + [
         x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer", "accumulate")
         for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat + ["--no_xla"] * args.no_xla
@@ -169,7 +174,9 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1, help="processes per candidate, taking turns")
-    p.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=CANDIDATES)
+    p.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=[c for c in CANDIDATES if c != "tfgpt2-float32"],
+                   help="tfgpt2-float32: tfgpt2 in float32 with XLA, the baseline for --precision and --no_xla "
+                        "in the same run")
     p.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
                    help="tfgpt2's dtype policy (as tfgpt2.train --precision); the others run in float32")
     p.add_argument("--remat", action="store_true", help="tfgpt2 recomputes each block in the backward pass")
@@ -180,7 +187,7 @@ def main():
                         "(as tfgpt2.train --accumulate_gradients); tokens/s counts them all")
     p.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.accumulate > 1 and not args.worker and set(args.candidates) != {"tfgpt2"}:
+    if args.accumulate > 1 and not args.worker and set(args.candidates) - {"tfgpt2", "tfgpt2-float32"}:
         p.error("--accumulate is tfgpt2's alone: add --candidates tfgpt2")
     if args.worker:
         return worker(args)
