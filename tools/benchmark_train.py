@@ -7,15 +7,16 @@ Each candidate runs in a fresh process of its own, one after another, with the m
 (`--model_dir`'s hparams: tfgpt2 loads that checkpoint; KerasHub and transformers, where
 installed, get random weights of the same shape, without dropout), Adam, float32, on random
 token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`, `--no_xla`,
-`--optimizer`, `--accumulate`: tfgpt2's, as `tfgpt2.train` takes them; candidate tfgpt2-float32 is
-tfgpt2 in float32 with XLA, `tfgpt2.train`'s default, beside them in the same run). Per candidate: tokens per second
-(the median step time of `--steps` steps after `--warmup` steps), the first step's time
-(compilation included) and the process's peak resident memory (VmHWM); model GFLOP/s is
-tokens/s times the products' work per token (`flops_per_token`, without what `--remat`
-recomputes), to set against the machine's product rate (`tools/benchmark_matmul.py`). With
-`--repeats N` the candidates take turns N times and each figure is the median over the N
-processes, with its range. transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and
-transformers; they need not share tfgpt2's environment).
+`--optimizer`, `--accumulate`: tfgpt2's, as `tfgpt2.train` takes them; candidate
+tfgpt2-float32 is tfgpt2 in float32 with XLA, `tfgpt2.train`'s default, beside them in the same
+run). Per candidate: tokens per second (the median step time of `--steps` steps after
+`--warmup` steps), the first step's time (compilation included) and the process's peak
+resident memory (VmHWM); model GFLOP/s is tokens/s times the products' work per token
+(`flops_per_token`, without what `--remat` recomputes), to set against the machine's product
+rate (`tools/benchmark_matmul.py`). With `--repeats N` the candidates take turns N times and
+each figure is the median over the N processes, with its range. transformers runs under
+`$TFGPT2_HF_PYTHON` where set (a Python with torch and transformers; they need not share
+tfgpt2's environment).
 """
 import argparse
 import json
@@ -30,7 +31,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tools.machine import describe  # noqa: E402
-CANDIDATES = ["tfgpt2", "tfgpt2-float32", "keras-hub", "transformers"]
+WORKERS = ["tfgpt2", "keras-hub", "transformers"]
+CANDIDATES = WORKERS + ["tfgpt2-float32"]  # tfgpt2's worker at float32 with XLA
 
 
 def peak_rss_mb():
@@ -142,7 +144,7 @@ def python_for(candidate):
 
 
 def installed(candidate):
-    needs = {"tfgpt2": [], "tfgpt2-float32": [], "keras-hub": ["keras_hub"], "transformers": ["torch", "transformers"]}[candidate]
+    needs = {"keras-hub": ["keras_hub"], "transformers": ["torch", "transformers"]}.get(candidate, [])
     return has_modules(python_for(candidate), *needs)
 
 
@@ -174,7 +176,7 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1, help="processes per candidate, taking turns")
-    p.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=[c for c in CANDIDATES if c != "tfgpt2-float32"],
+    p.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=WORKERS,
                    help="tfgpt2-float32: tfgpt2 in float32 with XLA, the baseline for --precision and --no_xla "
                         "in the same run")
     p.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
@@ -185,7 +187,7 @@ def main():
     p.add_argument("--accumulate", type=int, default=1,
                    help="tfgpt2 averages the gradients of this many micro-batches of --batch rows per step "
                         "(as tfgpt2.train --accumulate_gradients); tokens/s counts them all")
-    p.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.accumulate > 1 and not args.worker and set(args.candidates) - {"tfgpt2", "tfgpt2-float32"}:
         p.error("--accumulate is tfgpt2's alone: add --candidates tfgpt2")
