@@ -8,7 +8,7 @@ import tensorflow as tf
 from tests.conftest import ATOL, require_reference
 from tfgpt2 import GPT2, load_model
 from tfgpt2.hparams import default_hparams
-from tfgpt2.model import normalize, past_shape
+from tfgpt2.model import normalize, past_shape, softmax
 from tfgpt2.params import variable_shapes
 from tfgpt2.reference import Reference
 from tfgpt2.train import window_loss
@@ -197,6 +197,31 @@ def test_norm_gradient_is_autodiffs(dtype, rtol):
             loss = tf.reduce_sum(f(x, 1e-5) * weight)
         grads.append(tape.gradient(loss, x).numpy())
     np.testing.assert_allclose(grads[0], grads[1], rtol=rtol, atol=rtol * np.abs(grads[1]).max())
+
+
+@pytest.mark.parametrize("dtype, rtol", [(tf.float64, 1e-12), (tf.float32, 1e-5)])
+def test_softmax_gradient_is_autodiffs(dtype, rtol):
+    """softmax's written-out gradient against TensorFlow's own of the same formula, on masked
+    attention-like scores (the original's -1e10 where masked), and the same values."""
+    rng = np.random.default_rng(0)
+    mask = np.tril(np.ones([7, 7]))
+    x = tf.constant(rng.normal(0.0, 4.0, [2, 3, 7, 7]) * mask - 1e10 * (1 - mask), dtype)
+    weight = tf.constant(rng.normal(size=[2, 3, 7, 7]), dtype)
+
+    def plain(x):
+        ex = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))
+        return ex / tf.reduce_sum(ex, axis=-1, keepdims=True)
+    values, grads = [], []
+    for f in (softmax, plain):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+            loss = tf.reduce_sum(y * weight)
+        values.append(y.numpy())
+        grads.append(tape.gradient(loss, x).numpy())
+    np.testing.assert_array_equal(values[0], values[1])
+    np.testing.assert_allclose(grads[0], grads[1], rtol=rtol, atol=rtol * np.abs(grads[1]).max())
+    assert np.abs(grads[0]).max() > 0.1 and not grads[0][..., ~mask.astype(bool)].any()
 
 
 def largest_fusion(hlo):

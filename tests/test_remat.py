@@ -59,10 +59,12 @@ print(kb('VmHWM') - before)
 @pytest.mark.parametrize("xla", [False, True], ids=["tf.function", "XLA"])
 def test_remat_lowers_peak_memory(xla):
     """Peak memory of one gradient computation (batch 16 x 256 tokens, 6 blocks of width 128),
-    each in a fresh process. Measured: under tf.function 891 MB without remat, 274 MB with it;
-    under XLA, with the memory-minimizing scheduler `tfgpt2.train --remat` asks for, 892 and
-    602 MB (without that scheduler, that is without XLA_FLAGS, 888 MB without remat and
-    1025 MB with it, before remat read the gradient)."""
+    each in a fresh process. Measured: under tf.function 587 MB without remat, 195 MB with it;
+    under XLA, with the memory-minimizing scheduler `tfgpt2.train --remat` asks for, 674 and
+    596 MB. Before the softmax's gradient was written out (which keeps one [batch, heads, T, T]
+    less per layer without remat) 891 and 274, 892 and 602 MB; without that scheduler, that is
+    without XLA_FLAGS, 888 MB without remat and 1025 MB with it, before remat read the
+    gradient."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     if xla:
         env["XLA_FLAGS"] = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
@@ -73,7 +75,7 @@ def test_remat_lowers_peak_memory(xla):
         return int(re.findall(r"^(\d+)$", out.stdout, re.M)[-1])
     peak = [measure("0"), measure("1")]
     print(f"peak memory of a gradient: {peak[0] / 1e6:.0f} MB, with remat {peak[1] / 1e6:.0f} MB")
-    assert peak[1] < (0.75 if xla else 0.6) * peak[0]
+    assert peak[1] < (0.95 if xla else 0.6) * peak[0]
 
 
 XLA_BYTES = """
@@ -96,10 +98,11 @@ for remat in (False, True):
 def test_remat_lowers_xlas_own_count_of_a_train_steps_memory(tmp_path):
     """The bytes XLA allocates for a compiled Adam step (6 blocks of width 64, 1 x 511 tokens,
     the memory-minimizing scheduler), by its own buffer assignment: exact, unlike a process's
-    peak. Measured: 99 MiB without remat, 29 MiB with it (101 and 44 while the step kept an
-    empty accumulation loop); 85 MiB when the rerun waited on the gradient only through an
-    optimization barrier, which XLA drops before it schedules (so all blocks were rerun at
-    once: 1.5 GB more for 124M at 1 x 1023 tokens)."""
+    peak. Measured: 55 MiB without remat, 24 MiB with it (99 and 29 before the softmax's
+    gradient was written out; 101 and 44 while the step kept an empty accumulation loop); 85 MiB
+    of 99 when the rerun waited on the gradient only through an optimization barrier, which XLA
+    drops before it schedules (so all blocks were rerun at once: 1.5 GB more for 124M at 1 x
+    1023 tokens)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
                XLA_FLAGS=f"--xla_cpu_enable_concurrency_optimized_scheduler=false --xla_dump_to={tmp_path} "
                          "--xla_dump_hlo_pass_re=NONE")
@@ -107,7 +110,7 @@ def test_remat_lowers_xlas_own_count_of_a_train_steps_memory(tmp_path):
                          check=True, cwd=str(ROOT))
     without, with_remat = (int(n) for n in re.findall(r"^(\d+)$", out.stdout, re.M)[-2:])
     print(f"XLA's bytes for a train step: {without / 2**20:.0f} MiB, with remat {with_remat / 2**20:.0f} MiB")
-    assert with_remat < 0.4 * without
+    assert with_remat < 0.55 * without
 
 
 def test_train_cli_asks_xla_for_the_memory_schedule(monkeypatch):

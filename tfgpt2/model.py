@@ -43,9 +43,18 @@ def shape_list(x):
 
 
 def softmax(x, axis=-1):
-    x = x - tf.reduce_max(x, axis=axis, keepdims=True)
-    ex = tf.exp(x)
-    return ex / tf.reduce_sum(ex, axis=axis, keepdims=True)
+    """The original's softmax, with its gradient written out: y * (dy - sum(dy * y)) needs
+    only y, where autodiff's keeps exp(x) for the backward pass too and divides twice more
+    (attention's [batch, heads, T, T] per layer: docs/performance.md, Training speed)."""
+    @tf.custom_gradient
+    def run(x):
+        ex = tf.exp(x - tf.reduce_max(x, axis=axis, keepdims=True))
+        y = ex / tf.reduce_sum(ex, axis=axis, keepdims=True)
+
+        def grad(dy):
+            return y * (dy - tf.reduce_sum(dy * y, axis=axis, keepdims=True))
+        return y, grad
+    return run(x)
 
 
 def gelu(x):
