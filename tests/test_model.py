@@ -180,6 +180,15 @@ def test_past_of_the_wrong_shape_fails_naming_both_shapes(small_model, shape):
         small_model(np.zeros([1, 2], np.int32), past=np.zeros(shape, np.float32))
 
 
+def value_and_gradient(f, x, weight):
+    """f(x) and the gradient of sum(f(x) * weight) with respect to x, as arrays."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = f(x)
+        loss = tf.reduce_sum(y * weight)
+    return y.numpy(), tape.gradient(loss, x).numpy()
+
+
 @pytest.mark.parametrize("dtype, rtol", [(tf.float64, 1e-12), (tf.float32, 1e-5)])
 def test_norm_gradient_is_autodiffs(dtype, rtol):
     """normalize's written-out gradient against TensorFlow's own of the same formula."""
@@ -190,12 +199,7 @@ def test_norm_gradient_is_autodiffs(dtype, rtol):
     def plain(x, epsilon):
         u = tf.reduce_mean(x, axis=-1, keepdims=True)
         return (x - u) * tf.math.rsqrt(tf.reduce_mean(tf.square(x - u), axis=-1, keepdims=True) + epsilon)
-    grads = []
-    for f in (normalize, plain):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(f(x, 1e-5) * weight)
-        grads.append(tape.gradient(loss, x).numpy())
+    grads = [value_and_gradient(lambda x: f(x, 1e-5), x, weight)[1] for f in (normalize, plain)]
     np.testing.assert_allclose(grads[0], grads[1], rtol=rtol, atol=rtol * np.abs(grads[1]).max())
 
 
@@ -211,14 +215,7 @@ def test_softmax_gradient_is_autodiffs(dtype, rtol):
     def plain(x):
         ex = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))
         return ex / tf.reduce_sum(ex, axis=-1, keepdims=True)
-    values, grads = [], []
-    for f in (softmax, plain):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = f(x)
-            loss = tf.reduce_sum(y * weight)
-        values.append(y.numpy())
-        grads.append(tape.gradient(loss, x).numpy())
+    values, grads = zip(*(value_and_gradient(f, x, weight) for f in (softmax, plain)))
     np.testing.assert_array_equal(values[0], values[1])
     np.testing.assert_allclose(grads[0], grads[1], rtol=rtol, atol=rtol * np.abs(grads[1]).max())
     assert np.abs(grads[0]).max() > 0.1 and not grads[0][..., ~mask.astype(bool)].any()
