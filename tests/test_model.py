@@ -227,6 +227,16 @@ def largest_fusion(hlo):
                for line in hlo.splitlines() if " fusion(" in line)
 
 
+def compiled_gradient_hlo(model, tokens, stage):
+    """The HLO text, at `stage`, of the window loss's gradient under XLA."""
+    @tf.function(jit_compile=True)
+    def gradients(tokens):
+        with tf.GradientTape() as tape:
+            loss = window_loss(model, tokens)
+        return tape.gradient(loss, model.trainable_variables)
+    return gradients.experimental_get_compiler_ir(tokens)(stage=stage)
+
+
 def test_compiled_gradient_keeps_each_blocks_work_in_its_block():
     """Under XLA no fusion in the gradient of a 6-block model reads more than a block's worth of
     operands (14 with `normalize`; autodiff's norm gradient let XLA recompute every later
@@ -234,13 +244,7 @@ def test_compiled_gradient_keeps_each_blocks_work_in_its_block():
     hp = default_hparams().override_from_dict(dict(n_vocab=512, n_ctx=32, n_embd=64, n_head=4, n_layer=6))
     model = GPT2(hp)
     tokens = tf.constant(random_tokens(0, 2, 17, hp.n_vocab))
-
-    @tf.function(jit_compile=True)
-    def gradients(tokens):
-        with tf.GradientTape() as tape:
-            loss = window_loss(model, tokens)
-        return tape.gradient(loss, model.trainable_variables)
-    assert largest_fusion(gradients.experimental_get_compiler_ir(tokens)(stage="optimized_hlo")) <= 20
+    assert largest_fusion(compiled_gradient_hlo(model, tokens, "optimized_hlo")) <= 20
 
 
 @pytest.mark.parametrize("remat", [False, True])
@@ -251,12 +255,6 @@ def test_compiled_gradient_holds_no_copies_of_the_mask(remat):
     hp = default_hparams().override_from_dict(dict(n_vocab=512, n_ctx=32, n_embd=64, n_head=4, n_layer=2))
     model = GPT2(hp, remat=remat)
     tokens = tf.constant(random_tokens(0, 1, 25, hp.n_vocab))
-
-    @tf.function(jit_compile=True)
-    def gradients(tokens):
-        with tf.GradientTape() as tape:
-            loss = window_loss(model, tokens)
-        return tape.gradient(loss, model.trainable_variables)
-    hlo = gradients.experimental_get_compiler_ir(tokens)(stage="hlo")
+    hlo = compiled_gradient_hlo(model, tokens, "hlo")
     assert " constant(" in hlo  # the pattern below reads this HLO's constants
     assert not re.findall(r"\[[\d,]*24,24\]\{[\d,]*\} constant\(", hlo)
