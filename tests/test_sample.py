@@ -164,6 +164,25 @@ def test_generation_updates_the_cache_in_place(tiny, batch):
     assert not copies, "\n".join(copies)
 
 
+def test_the_sampler_is_compiled_once(tiny):
+    """As the original's `sample_sequence`, the prompt but its last token fills the cache and
+    the loop does the rest, so the program holds the sampler (its bisection loops) once, in the
+    loop, not a second time for the first new token (about 30 MB less peak RSS for 124M)."""
+    hp = tiny.hparams
+    generator = generator_for(tiny)
+    length = 40
+    prompt_len, total = (int(n) for n in plan(1, length, hp.n_ctx))
+    options = (tf.constant(1.0), tf.constant(0), tf.constant(1.0), tf.constant(0, tf.int64))
+    args = (generator.weights_for(length, 1), tf.ones([1, prompt_len], tf.int32), tf.zeros([1], tf.int32),
+            tf.zeros([1, total], tf.int32), tf.constant(length), *options, tf.constant(50256), tf.constant(False))
+    whiles = lambda hlo: len(re.findall(r" while\(", hlo))  # noqa: E731
+    program = whiles(generator.generate_padded.experimental_get_compiler_ir(*args)(stage="hlo"))
+    sampler = tf.function(lambda logits, t, k, p, s: choose(logits, temperature=t, top_k=k, top_p=p, seed=tf.stack([s, s])),
+                          jit_compile=True)
+    alone = whiles(sampler.experimental_get_compiler_ir(tf.zeros([1, hp.n_vocab]), *options)(stage="hlo"))
+    assert alone >= 1 and program == 1 + alone, (program, alone)
+
+
 def test_transpose_policy():
     """The planner's rule, whatever device the tests run on."""
     assert bool(transpose_pays(16, on_cpu=True))
@@ -287,7 +306,7 @@ def test_generation_in_pieces_with_progress(tiny, stop_at_eot):
     pieces = generate(tiny, prompts, 23, seed=3, stop_at_eot=stop_at_eot, eot=eot, progress=seen.append, chunk=5)
     for a, b in zip(whole, pieces):
         np.testing.assert_array_equal(a, b)
-    assert seen == sorted(seen) and seen[0] == 1 and len(seen) >= 3
+    assert seen == sorted(seen) and seen[0] == 0 and len(seen) >= 3
     assert seen[-1] == max(len(row) - len(p) for row, p in zip(whole, prompts))
 
 

@@ -189,7 +189,7 @@ class Generator:
     """The compiled generation loop for one model, kept on it (`generator_for`).
 
     `generate_padded` runs a whole generation as one `tf.function` (XLA when `jit_compile`)
-    over left-padded prompts. `start` (the prompt and the first new token) and `resume` (more
+    over left-padded prompts. `start` (the prompt but its last token) and `resume` (new
     tokens, up to a count) run it in pieces, to report progress between them. Each takes the
     layout of the block weights first (`weights_for`). `traces` counts how often any of them
     was traced, that is compiled.
@@ -227,14 +227,16 @@ class Generator:
         return state["tokens"], state["lengths"]
 
     def _start(self, weights, prompt, pad, tokens, *options):
-        """The prompt through the model and the first new token: the state `_resume` continues."""
+        """The prompt but its last token through the model, as the original's
+        `sample_sequence`: the state `_resume` continues from that token, so that the sampler
+        is compiled once, in the loop."""
         batch, prompt_len = shape_list(prompt)
         cache = self.model.empty_cache(batch, shape_list(tokens)[1])
-        logits, cache = self.model.call_with_cache(prompt, cache, 0, pad=pad, weights=weights)
-        state = dict(i=tf.constant(0), token=tf.zeros([batch], tf.int32), cache=cache,
-                     tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
-                     done=tf.zeros([batch], tf.bool), lengths=tf.zeros([batch], tf.int32))
-        return _pick(state, logits, prompt_len, *options)
+        if prompt_len > 1:
+            _, cache = self.model.call_with_cache(prompt[:, :-1], cache, 0, pad=pad, weights=weights)
+        return dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
+                    tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
+                    done=tf.zeros([batch], tf.bool), lengths=tf.zeros([batch], tf.int32))
 
     def _resume(self, weights, state, pad, prompt_len, until, *options):
         """Generate from `state` until `until` new tokens, or until every row has stopped."""
