@@ -79,7 +79,7 @@ class Serving(tf.Module):
         checks = check_request(prompt, real, *options[:4], hparams=generator.model.hparams)
         max_new_tokens, temperature, top_k, top_p, seed = (_after(x, *checks) for x in options)
         prompt, real = _after(prompt, *checks), _after(real, *checks)
-        prompt_len, total = plan(tf.reduce_max(real), max_new_tokens, generator.model.hparams.n_ctx)
+        prompt_len, total = plan(tf.reduce_max(real), max_new_tokens, generator.model.hparams.n_ctx, one_alone=False)
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
         args = (prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
                 temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))

@@ -118,11 +118,16 @@ def _bucket_of(n, largest):
     return tf.reduce_min(tf.where(sizes >= n, sizes, sizes[-1]))
 
 
-def plan(longest, length, n_ctx):
+def plan(longest, length, n_ctx, *, one_alone=True):
     """(prompt_len, total) for prompts of at most `longest` tokens and `length` new ones: the
     prompts are left-padded to prompt_len, and the token buffer and cache hold total. For a
-    request that `check_request` passed; ints or int32 tensors."""
+    request that `check_request` passed; ints or int32 tensors. With `one_alone`, one-token
+    prompts (the sample scripts' start token) get a prompt_len of 1: nothing to run before the
+    loop, so nothing more to compile. The SavedModel, whose loop is traced once for prompts of
+    any length and so always runs the prompt first, plans without it."""
     prompt_len = tf.minimum(_bucket_of(longest, n_ctx), n_ctx)
+    if one_alone:
+        prompt_len = tf.where(tf.equal(longest, 1), 1, prompt_len)
     total = tf.minimum(_bucket_of(prompt_len + length, 2 * n_ctx), prompt_len + n_ctx)
     return prompt_len, total
 
@@ -232,7 +237,7 @@ class Generator:
         is compiled once, in the loop."""
         batch, prompt_len = shape_list(prompt)
         cache = self.model.empty_cache(batch, shape_list(tokens)[1])
-        if prompt_len > 1:
+        if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `plan`
             _, cache = self.model.call_with_cache(prompt[:, :-1], cache, 0, pad=pad, weights=weights)
         return dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
                     tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
