@@ -184,6 +184,27 @@ def test_the_sampler_is_compiled_once(tiny):
     assert alone >= 1 and program == 1 + alone, (program, alone)
 
 
+def test_filters_a_request_cannot_use_are_left_out(tiny):
+    """At top_k 0 and top_p 1 (the sample scripts' defaults) `generate` compiles neither filter
+    (no bisection loop: the generation loop is the program's only one) and draws the same
+    tokens as the program that holds both."""
+    hp = tiny.hparams
+    generator = generator_for(tiny)
+    length = 20
+    prompt_len, total = (int(n) for n in plan(5, length, hp.n_ctx))
+    prompt = tf.constant(prompts_for(4, [prompt_len, prompt_len]), tf.int32)
+    args = (generator.weights_for(length, 2), prompt, tf.zeros([2], tf.int32), tf.zeros([2, total], tf.int32),
+            tf.constant(length), tf.constant(1.0), tf.constant(0), tf.constant(1.0), tf.constant(5, tf.int64),
+            tf.constant(50256), tf.constant(False))
+    whiles = {f: len(re.findall(r" while\(", generator.generate_padded.experimental_get_compiler_ir(*args, f)(
+        stage="hlo"))) for f in [(True, True), (False, False)]}
+    assert whiles[(False, False)] == 1 < whiles[(True, True)], whiles
+    both, neither = (generator.generate_padded(*args, f)[0].numpy() for f in [(True, True), (False, False)])
+    np.testing.assert_array_equal(neither, both)
+    rows = generate(tiny, prompt.numpy().tolist(), length, seed=5)
+    np.testing.assert_array_equal(np.stack(rows), neither[:, :prompt_len + length])
+
+
 def test_a_one_token_prompt_compiles_the_loop_alone(tiny):
     """A one-token prompt (the sample scripts' start token) is the loop's first input: the
     program holds the blocks once, in the loop (a longer prompt adds its own pass over them),

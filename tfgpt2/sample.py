@@ -88,11 +88,17 @@ def _uniform(n, seed):
     return tf.random.stateless_uniform([n], seed=seed, alg="philox")
 
 
-def choose(logits, *, temperature, top_k, top_p, seed):
+def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True)):
     """One token per row: greedy at temperature 0, else drawn from softmax(logits / T) after
-    top-k then top-p, by inverse CDF with a stateless uniform (`seed` is a pair)."""
+    top-k then top-p, by inverse CDF with a stateless uniform (`seed` is a pair). `filters`
+    (Python bools: top-k, top-p) leaves a filter out of the graph where the request cannot use
+    it (top_k 0, top_p 1), as the original's `top_k_logits` returns at once for k=0."""
     def draw():
-        filtered = top_p_logits(top_k_logits(logits / temperature, top_k), top_p)
+        filtered = logits / temperature
+        if filters[0]:
+            filtered = top_k_logits(filtered, top_k)
+        if filters[1]:
+            filtered = top_p_logits(filtered, top_p)
         weights = tf.exp(filtered - tf.reduce_max(filtered, axis=-1, keepdims=True))
         cdf = tf.cumsum(weights, axis=-1)
         u = _uniform(tf.shape(cdf)[0], seed) * cdf[:, -1]
@@ -225,8 +231,9 @@ class Generator:
     def _generate(self, weights, prompt, pad, tokens, length, *options):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
         whose width T (>= P + length) sizes the cache. `options` are temperature, top_k, top_p,
-        seed, eot, stop_at_eot. Returns tokens with the prompt and up to `length` new tokens
-        after it (eot after a row stops), and each row's count of new tokens."""
+        seed, eot, stop_at_eot and, optionally, `choose`'s filters. Returns tokens with the
+        prompt and up to `length` new tokens after it (eot after a row stops), and each row's
+        count of new tokens."""
         state = self._start(weights, prompt, pad, tokens, *options)
         state = self._resume(weights, state, pad, shape_list(prompt)[1], length, *options)
         return state["tokens"], state["lengths"]
@@ -255,11 +262,11 @@ class Generator:
         return tf.while_loop(cond, body, (state,))[0]
 
 
-def _pick(state, logits, prompt_len, temperature, top_k, top_p, seed, eot, stop_at_eot):
+def _pick(state, logits, prompt_len, temperature, top_k, top_p, seed, eot, stop_at_eot, filters=(True, True)):
     """New token number i (eot for rows already stopped), written after the prompt."""
     i, done = state["i"], state["done"]
     token = choose(logits, temperature=tf.cast(temperature, tf.float32), top_k=top_k, top_p=top_p,
-                   seed=tf.stack([seed, tf.cast(i, tf.int64)]))
+                   seed=tf.stack([seed, tf.cast(i, tf.int64)]), filters=filters)
     token = tf.where(done, eot, token)
     tokens = tf.tensor_scatter_nd_update(state["tokens"], _column(token, prompt_len + i), token)
     return dict(state, i=i + 1, token=token, tokens=tokens,
@@ -352,7 +359,8 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
         padded[row, prompt_len - len(p):] = p
     pad = tf.constant(prompt_len - lengths, tf.int32)
     options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
-               tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(bool(stop_at_eot)))
+               tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(bool(stop_at_eot)),
+               (top_k != 0, top_p < 1))
     generator = generator_for(model, jit_compile=jit_compile)
     weights = generator.weights_for(length, len(prompts))
     buffer = tf.zeros([len(prompts), total], tf.int32)
