@@ -139,6 +139,21 @@ def test_split_layout_is_one_batched_product_of_the_weight_as_stored(layout, row
     np.testing.assert_allclose(conv(x, layout=layout).numpy(), conv(x).numpy(), atol=1e-5)
 
 
+SAMPLED = (tf.constant(1.0), tf.constant(0), tf.constant(1.0))  # temperature, top_k, top_p
+
+
+def loop_args(model, batch, longest, length, *, prompt=None, seed=0):
+    """Arguments of `Generator.generate_padded` for `batch` prompts of at most `longest` tokens
+    (ones, or `prompt` [batch, prompt_len]) and `length` new ones, sampled at temperature 1, top_k
+    0, top_p 1: (prompt_len, the generator, the arguments)."""
+    generator = generator_for(model)
+    prompt_len, total = (int(n) for n in plan(longest, length, model.hparams.n_ctx))
+    prompt = tf.ones([batch, prompt_len], tf.int32) if prompt is None else prompt
+    return prompt_len, generator, (
+        generator.weights_for(length, batch), prompt, tf.zeros([batch], tf.int32), tf.zeros([batch, total], tf.int32),
+        tf.constant(length), *SAMPLED, tf.constant(seed, tf.int64), tf.constant(50256), tf.constant(False))
+
+
 @pytest.mark.parametrize("batch,longest", [(1, 1), (3, 1), (1, 5), (3, 5)])
 def test_generation_updates_the_cache_in_place(tiny, batch, longest):
     """The compiled generation program writes each step's keys and values into the loop's
@@ -147,12 +162,8 @@ def test_generation_updates_the_cache_in_place(tiny, batch, longest):
     a step at batch 1: 1.65x the time per token at 800 new tokens on 124M.) Zeros copied into
     the buffers once, before the loop, are their initialization, not a copy."""
     hp = tiny.hparams
-    generator = generator_for(tiny)
-    length = 40
-    prompt_len, total = (int(n) for n in plan(longest, length, hp.n_ctx))
-    args = (generator.weights_for(length, batch), tf.ones([batch, prompt_len], tf.int32), tf.zeros([batch], tf.int32),
-            tf.zeros([batch, total], tf.int32), tf.constant(length), tf.constant(1.0), tf.constant(0),
-            tf.constant(1.0), tf.constant(0, tf.int64), tf.constant(50256), tf.constant(False))
+    _, generator, args = loop_args(tiny, batch, longest, 40)
+    total = int(args[3].shape[1])
     hlo = generator.generate_padded.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
     head = hp.n_embd // hp.n_head
     cache_shapes = (f"f32[{batch * hp.n_head},{total},{head}]", f"f32[{batch},{hp.n_head},{total},{head}]")
@@ -169,18 +180,12 @@ def test_the_sampler_is_compiled_once(tiny):
     """As the original's `sample_sequence`, the prompt but its last token fills the cache and
     the loop does the rest, so the program holds the sampler (its bisection loops) once, in the
     loop, not a second time for the first new token (about 30 MB less peak RSS for 124M)."""
-    hp = tiny.hparams
-    generator = generator_for(tiny)
-    length = 40
-    prompt_len, total = (int(n) for n in plan(1, length, hp.n_ctx))
-    options = (tf.constant(1.0), tf.constant(0), tf.constant(1.0), tf.constant(0, tf.int64))
-    args = (generator.weights_for(length, 1), tf.ones([1, prompt_len], tf.int32), tf.zeros([1], tf.int32),
-            tf.zeros([1, total], tf.int32), tf.constant(length), *options, tf.constant(50256), tf.constant(False))
+    _, generator, args = loop_args(tiny, 1, 1, 40)
     whiles = lambda hlo: len(re.findall(r" while\(", hlo))  # noqa: E731
     program = whiles(generator.generate_padded.experimental_get_compiler_ir(*args)(stage="hlo"))
-    sampler = tf.function(lambda logits, t, k, p, s: choose(logits, temperature=t, top_k=k, top_p=p, seed=tf.stack([s, s])),
+    sampler = tf.function(lambda logits, t, k, p: choose(logits, temperature=t, top_k=k, top_p=p, seed=[0, 0]),
                           jit_compile=True)
-    alone = whiles(sampler.experimental_get_compiler_ir(tf.zeros([1, hp.n_vocab]), *options)(stage="hlo"))
+    alone = whiles(sampler.experimental_get_compiler_ir(tf.zeros([1, tiny.hparams.n_vocab]), *SAMPLED)(stage="hlo"))
     assert alone >= 1 and program == 1 + alone, (program, alone)
 
 
@@ -188,14 +193,9 @@ def test_filters_a_request_cannot_use_are_left_out(tiny):
     """At top_k 0 and top_p 1 (the sample scripts' defaults) `generate` compiles neither filter
     (no bisection loop: the generation loop is the program's only one) and draws the same
     tokens as the program that holds both."""
-    hp = tiny.hparams
-    generator = generator_for(tiny)
     length = 20
-    prompt_len, total = (int(n) for n in plan(5, length, hp.n_ctx))
-    prompt = tf.constant(prompts_for(4, [prompt_len, prompt_len]), tf.int32)
-    args = (generator.weights_for(length, 2), prompt, tf.zeros([2], tf.int32), tf.zeros([2, total], tf.int32),
-            tf.constant(length), tf.constant(1.0), tf.constant(0), tf.constant(1.0), tf.constant(5, tf.int64),
-            tf.constant(50256), tf.constant(False))
+    prompt = tf.constant(prompts_for(4, [16, 16]), tf.int32)
+    prompt_len, generator, args = loop_args(tiny, 2, 16, length, prompt=prompt, seed=5)
     whiles = {f: len(re.findall(r" while\(", generator.generate_padded.experimental_get_compiler_ir(*args, f)(
         stage="hlo"))) for f in [(True, True), (False, False)]}
     assert whiles[(False, False)] == 1 < whiles[(True, True)], whiles
@@ -209,14 +209,8 @@ def test_a_one_token_prompt_compiles_the_loop_alone(tiny):
     """A one-token prompt (the sample scripts' start token) is the loop's first input: the
     program holds the blocks once, in the loop (a longer prompt adds its own pass over them),
     which lowers the compile time and the peak memory of unconditional sampling."""
-    generator = generator_for(tiny)
-    length = 40
-
     def dots(longest):
-        prompt_len, total = (int(n) for n in plan(longest, length, tiny.hparams.n_ctx))
-        args = (generator.weights_for(length, 1), tf.ones([1, prompt_len], tf.int32), tf.zeros([1], tf.int32),
-                tf.zeros([1, total], tf.int32), tf.constant(length), tf.constant(1.0), tf.constant(0),
-                tf.constant(1.0), tf.constant(0, tf.int64), tf.constant(50256), tf.constant(False))
+        prompt_len, generator, args = loop_args(tiny, 1, longest, 40)
         hlo = generator.generate_padded.experimental_get_compiler_ir(*args)(stage="hlo")
         return prompt_len, len(re.findall(r" dot\(", hlo))
     (one_len, one), (five_len, five) = dots(1), dots(5)
