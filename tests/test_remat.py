@@ -49,8 +49,10 @@ from tfgpt2 import GPT2
 from tfgpt2.hparams import default_hparams
 model = GPT2(default_hparams().override_from_dict(HPARAMS), remat=sys.argv[1] == "1")
 tokens = tf.constant(np.random.default_rng(0).integers(0, 256, size=[16, 256]))
+run = tf.function(gradients, jit_compile=sys.argv[2] == "1")
+run(model, tokens[:2, :32])  # pages in XLA's compiler (for the written-out gradients, and under XLA)
 before = kb('VmRSS')
-tf.function(gradients, jit_compile=sys.argv[2] == "1")(model, tokens)
+run(model, tokens)
 print(kb('VmHWM') - before)
 """
 
@@ -59,12 +61,13 @@ print(kb('VmHWM') - before)
 @pytest.mark.parametrize("xla", [False, True], ids=["tf.function", "XLA"])
 def test_remat_lowers_peak_memory(xla):
     """Peak memory of one gradient computation (batch 16 x 256 tokens, 6 blocks of width 128),
-    each in a fresh process. Measured: under tf.function 587 MB without remat, 195 MB with it;
-    under XLA, with the memory-minimizing scheduler `tfgpt2.train --remat` asks for, 674 and
-    596 MB. Before the softmax's gradient was written out (which keeps one [batch, heads, T, T]
-    less per layer without remat) 891 and 274, 892 and 602 MB; without that scheduler, that is
-    without XLA_FLAGS, 888 MB without remat and 1025 MB with it, before remat read the
-    gradient."""
+    each in a fresh process, after a call at 2 x 32 tokens (its first XLA compile pages in the
+    compiler, 50-70 MB, which would otherwise weigh like activations). Measured: under
+    tf.function 376 MB without remat, 159 MB with it; under XLA, with the memory-minimizing
+    scheduler `tfgpt2.train --remat` asks for, 397 and 344 MB (546 and 180, 436 and 367 before
+    GELU's and attention's gradients were written out). Without that scheduler, that is
+    without XLA_FLAGS, XLA's peak with remat was above its peak without (1025 against 888 MB,
+    before remat read the gradient)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     if xla:
         env["XLA_FLAGS"] = "--xla_cpu_enable_concurrency_optimized_scheduler=false"

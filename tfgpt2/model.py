@@ -42,24 +42,24 @@ def shape_list(x):
     return [dynamic[i] if s is None else s for i, s in enumerate(static)]
 
 
-def softmax(x, axis=-1):
-    """The original's softmax, with its gradient written out: y * (dy - sum(dy * y)) needs
-    only y, where autodiff's keeps exp(x) for the backward pass too and divides twice more
-    (attention's [batch, heads, T, T] per layer: README, 16 bits)."""
+def gelu(x):
+    """GELU in its tanh form, as GPT-2 was trained (not the erf form), with its gradient
+    written out (`gelu_grad`): outside XLA autodiff's is a dozen operations over each
+    [batch, sequence, 4 * n_embd] tensor."""
     @tf.custom_gradient
     def run(x):
-        ex = tf.exp(x - tf.reduce_max(x, axis=axis, keepdims=True))
-        y = ex / tf.reduce_sum(ex, axis=axis, keepdims=True)
-
-        def grad(dy):
-            return y * (dy - tf.reduce_sum(dy * y, axis=axis, keepdims=True))
-        return y, grad
+        return 0.5 * x * (1 + tf.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3)))), lambda dy: gelu_grad(dy, x)
     return run(x)
 
 
-def gelu(x):
-    """GELU in its tanh form, as GPT-2 was trained (not the erf form)."""
-    return 0.5 * x * (1 + tf.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3))))
+@tf.function(jit_compile=True)
+def gelu_grad(dy, x):
+    """dy * gelu'(x), in float32, as one XLA program (gradients run in training, where the
+    shapes stay the same, so it is compiled once)."""
+    x32 = tf.cast(x, tf.float32)
+    t = tf.tanh(np.sqrt(2 / np.pi) * (x32 + 0.044715 * x32 * x32 * x32))
+    slope = 0.5 * (1 + t) + 0.5 * x32 * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x32 * x32)
+    return tf.cast(tf.cast(dy, tf.float32) * slope, dy.dtype)
 
 
 def serializable(cls):
@@ -235,25 +235,48 @@ class Attention(keras.layers.Layer):
         return self.c_proj(a, layout=layout[1]), present
 
 
-def mask_attn_weights(w, b):
-    # w is [batch, heads, dst_sequence, src_sequence]; b is [dst, src] or [batch, dst, src].
-    b = tf.cast(b[None, None] if b.shape.rank == 2 else b[:, None], w.dtype)
+def heads_mask(b, dtype):
+    """The mask [dst, src] or [batch, dst, src] as [1 or batch, 1, dst, src], for all heads."""
+    return tf.cast(b[None, None] if b.shape.rank == 2 else b[:, None], dtype)
+
+
+def mask_attn_weights(w, b, scale=1):
+    # w is [batch, heads, dst_sequence, src_sequence]. The original's w * scale, then
+    # w * b - 1e10 * (1 - b), as w * (b * scale) - 1e10 * (1 - b): for b of 0 and 1 the same
+    # numbers, in one pass over w fewer.
+    b = heads_mask(b, w.dtype)
     # the original's 1e10, or float16's largest value (1e10 overflows float16 into inf * 0 = NaN)
-    return w * b - tf.cast(min(1e10, float(w.dtype.max)), w.dtype) * (1 - b)
+    return w * (b * scale) - tf.cast(min(1e10, float(w.dtype.max)), w.dtype) * (1 - b)
 
 
 def attn_probs(w, mask, features):
-    # w is q @ k^T, [batch, heads, dst_sequence, src_sequence]; scaled, masked and softmaxed in float32
-    w = tf.cast(w, tf.float32)
-    w = w * tf.math.rsqrt(tf.cast(features, w.dtype))
-    w = mask_attn_weights(w, mask)
-    return softmax(w)
+    """softmax(mask_attn_weights(w * rsqrt(features))) in float32, returned in w's dtype, for
+    w = q @ k^T [batch, heads, dst_sequence, src_sequence].
+
+    The softmax is TensorFlow's kernel (the original's exp(w - max) / sum, in one operation),
+    and the gradient is written out (`attn_probs_grad`): outside XLA autodiff's runs seven
+    operations over each [batch, heads, T, T] tensor (docs/performance.md, Training speed)."""
+    scale = tf.math.rsqrt(tf.cast(features, tf.float32))
+
+    @tf.custom_gradient
+    def run(w):
+        y = tf.nn.softmax(mask_attn_weights(tf.cast(w, tf.float32), mask, scale))
+        return tf.cast(y, w.dtype), lambda dy: attn_probs_grad(dy, y, heads_mask(mask, tf.float32) * scale)
+    return run(w)
+
+
+@tf.function(jit_compile=True)
+def attn_probs_grad(dy, y, mask_scale):
+    """attn_probs' gradient, y * (dy - sum(dy * y)) * mask * scale, as one XLA program (as
+    `gelu_grad`)."""
+    g = tf.cast(dy, tf.float32)
+    return tf.cast(y * (g - tf.reduce_sum(g * y, axis=-1, keepdims=True)) * mask_scale, dy.dtype)
 
 
 def multihead_attn(q, k, v, mask):
     # q, k, v have shape [batch, heads, sequence, features]
     w = attn_probs(tf.matmul(q, k, transpose_b=True), mask, v.shape[-1])
-    return tf.matmul(tf.cast(w, v.dtype), v)
+    return tf.matmul(w, v)
 
 
 def cached_attn(q, k, v, mask):
@@ -263,7 +286,7 @@ def cached_attn(q, k, v, mask):
     batch, heads, n, features = shape_list(q)
     w = tf.matmul(tf.reshape(q, [batch * heads, n, features]), k, transpose_b=True)
     w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
-    a = tf.matmul(tf.cast(tf.reshape(w, [batch * heads, n, -1]), v.dtype), v)
+    a = tf.matmul(tf.reshape(w, [batch * heads, n, -1]), v)
     return tf.reshape(a, [batch, heads, n, features])
 
 
