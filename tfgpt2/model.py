@@ -52,7 +52,7 @@ def gelu(x):
     return run(x)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, reduce_retracing=True)
 def gelu_grad(dy, x):
     """dy * gelu'(x), in float32, as one XLA program (gradients run in training, where the
     shapes stay the same, so it is compiled once)."""
@@ -265,7 +265,7 @@ def attn_probs(w, mask, features):
     return run(w)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, reduce_retracing=True)
 def attn_probs_grad(dy, y, mask_scale):
     """attn_probs' gradient, y * (dy - sum(dy * y)) * mask * scale, as one XLA program (as
     `gelu_grad`)."""
