@@ -11,7 +11,8 @@ place, with left padding, and optionally with the block weights in another memor
 Keras dtype policies (`GPT2(hparams, dtype="mixed_bfloat16")`, "bfloat16", "float16", ...)
 reach every layer: variables in the policy's variable dtype, matmuls and the residual stream
 in its compute dtype, LayerNorm statistics and the attention softmax in float32, and the
-logits always returned as float32. Under float32 the math is the original's, op for op.
+logits always returned as float32. Under float32 the math is the original's, op for op, but for
+the attention softmax, TensorFlow's one kernel for the original's exp(w - max) / sum.
 """
 import functools
 
