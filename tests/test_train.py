@@ -66,6 +66,28 @@ def draws(chunks, seed, steps, per_step):
     return np.stack([windows.take(windows.draw(seed, step, per_step)).numpy() for step in range(1, steps + 1)])
 
 
+@pytest.mark.parametrize("xla", [False, True], ids=["tf.function", "XLA"])
+def test_token_losses_are_tensorflows_cross_entropy_and_nan_for_a_bad_label(xla):
+    """Values and gradients against `tf.nn.sparse_softmax_cross_entropy_with_logits` (logits of
+    std 3, the real vocabulary size), and NaN, not a clamped label's loss, out of range."""
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.normal(size=[2, 7, 50257]).astype(np.float32) * 3)
+    labels = tf.constant(rng.integers(0, 50257, size=[2, 7]), tf.int32)
+
+    def both(loss):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = tf.reduce_mean(loss(labels, logits))
+        return value, tape.gradient(value, logits)
+    ours = tf.function(lambda: both(train.token_losses), jit_compile=xla)()
+    theirs = both(lambda y, x: tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x))
+    assert abs(float(ours[0]) - float(theirs[0])) <= 1e-5 * float(theirs[0])
+    assert float(tf.reduce_max(tf.abs(ours[1] - theirs[1]))) <= 1e-6 * float(tf.reduce_max(tf.abs(theirs[1])))
+    bad = tf.constant([[5, 50257, -1]], tf.int32)
+    losses = tf.function(train.token_losses, jit_compile=xla)(bad, logits[:1, :3]).numpy()
+    assert np.isfinite(losses[0, 0]) and np.isnan(losses[0, 1:]).all(), losses
+
+
 def test_fit_with_a_plain_keras_loss(tiny_dir):
     model = tfgpt2.load_model(tiny_dir)
     windows = data.Windows([random_ids(200)], SAMPLE_LENGTH + 1)
