@@ -64,9 +64,10 @@ def test_remat_lowers_peak_memory(xla):
     """Peak memory of one gradient computation (batch 16 x 256 tokens, 6 blocks of width 128),
     each in a fresh process: the second call's rise of the resident set, with glibc's mmap
     threshold fixed so that freed tensors leave it (by default glibc keeps what the first call
-    freed, and the second rises by nothing), and TensorFlow's oneDNN kernels off: on a CPU with
-    AVX-512 they keep about 440 MB after the first call (malloc_trim frees 25 of them), so the
-    second rose by 1 and 8 MB. Measured, repeatable to 1 MB, on CPUs with and without AVX-512:
+    freed, and the second rises by nothing), and TensorFlow's oneDNN kernels off, as TensorFlow
+    has them by default on CPUs without AVX-512 VNNI or BF16: where it turns them on, they
+    allocate from a pool that keeps its peak (about 440 MB here after the first call; the second
+    rose by 1 and 8 MB). Measured, repeatable to 1 MB, on CPUs with and without AVX-512:
     under tf.function 318 MB without remat, 80 MB with it; under XLA, with the memory-minimizing scheduler
     `tfgpt2.train --remat` asks for, 344 and 232 MB. Without that scheduler, that is without
     XLA_FLAGS, XLA's peak with remat was above its peak without (1025 against 888 MB, an
