@@ -88,6 +88,25 @@ def test_token_losses_are_tensorflows_cross_entropy_and_nan_for_a_bad_label(xla)
     assert np.isfinite(losses[0, 0]) and np.isnan(losses[0, 1:]).all(), losses
 
 
+def test_token_losses_gradient_outside_xla_is_one_xla_program():
+    """Outside XLA the loss's backward pass is `token_losses_grad`, one XLA program: no scatter
+    of the label's logit into a zeroed [positions, n_vocab] tensor (autodiff's gradient of the
+    gather, 80 ms of a 4 x 128 step) and no softmax of TensorFlow's own ops."""
+    logits = tf.zeros([2, 3, 50257])
+
+    def gradient(logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            loss = tf.reduce_mean(train.token_losses(tf.constant([[1, 2, 3], [4, 5, 6]]), logits))
+        return tape.gradient(loss, logits)
+    ops = tf.function(gradient).get_concrete_function(logits).graph.get_operations()
+    types = {op.type for op in ops}
+    assert not types & {"UnsortedSegmentSum", "Exp", "OneHot"}, types
+    compiled = [op for op in ops if op.type.endswith("PartitionedCall") and op.get_attr("f").name.startswith(
+        "__inference_token_losses_grad")]
+    assert len(compiled) == 1
+
+
 def test_fit_with_a_plain_keras_loss(tiny_dir):
     model = tfgpt2.load_model(tiny_dir)
     windows = data.Windows([random_ids(200)], SAMPLE_LENGTH + 1)
@@ -355,8 +374,14 @@ def test_two_replicas_equal_one_device(micro_dir, tmp_path, flags):
     mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
     np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
     a, b = weights_of(tmp_path / "1"), weights_of(tmp_path / "2")
+    # The keys' bias has a gradient of 0 (it adds the same q . b_k to a row's every score, which
+    # the softmax ignores): what comes out is rounding, which Adam scales to steps of up to the
+    # learning rate (2e-5), so there the two runs differ by up to 1.1e-6; elsewhere by 6e-8.
+    n_embd = a["model/h0/attn/c_attn/b"].shape[0] // 3
     for name in a:
-        np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
+        keys = slice(n_embd, 2 * n_embd) if name.endswith("attn/c_attn/b") else slice(0)
+        np.testing.assert_allclose(np.delete(a[name], keys, -1), np.delete(b[name], keys, -1), atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(a[name][..., keys], b[name][..., keys], atol=2 * 2 * 2e-5, err_msg=name)
 
 
 def test_only_train_transformer_layers_leaves_embeddings_unchanged(micro_dir, tmp_path):
