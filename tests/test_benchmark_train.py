@@ -1,6 +1,4 @@
 """tools/benchmark_train.py: each candidate's figures from its own process."""
-import argparse
-import json
 import re
 import subprocess
 import sys
@@ -8,7 +6,8 @@ import sys
 import pytest
 
 from conftest import ROOT, TINY
-from tools.benchmark_train import flops_per_token, run_worker
+from tools import benchmark_train
+from tools.benchmark_train import flops_per_token
 from tools.machine import describe
 
 
@@ -17,18 +16,24 @@ def benchmark(*flags):
                           cwd=ROOT, timeout=600)
 
 
-def test_accumulated_steps_count_every_micro_batch(tiny_dir):
-    common = ("--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "2", "--warmup", "1",
-              "--candidates", "tfgpt2")
-    out = benchmark(*common, "--accumulate", "3")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "accumulating 3" in out.stdout and describe() in out.stdout  # the machine, with the figures
-    row = re.search(r"^\| tfgpt2 \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \|$", out.stdout, re.M)
-    assert row, out.stdout
+def benchmark_here(monkeypatch, capsys, *flags):
+    """The tool's output, run in this process (each worker still in its own), and the
+    figures each worker returned."""
+    figures, run_worker = [], benchmark_train.run_worker
+    monkeypatch.setattr(benchmark_train, "run_worker", lambda *a: figures.append(run_worker(*a)) or figures[-1])
+    monkeypatch.setattr(sys, "argv", ["benchmark_train.py", *flags])
+    benchmark_train.main()
+    return capsys.readouterr().out, figures
+
+
+def test_accumulated_steps_count_every_micro_batch(tiny_dir, monkeypatch, capsys):
+    out, [figures] = benchmark_here(monkeypatch, capsys, "--model_dir", tiny_dir, "--batch", "2", "--length", "15",
+                                    "--steps", "2", "--warmup", "1", "--candidates", "tfgpt2", "--accumulate", "3")
+    assert "accumulating 3" in out and describe() in out  # the machine, with the figures
+    row = re.search(r"^\| tfgpt2 \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \|$", out, re.M)
+    assert row, out
     tokens_per_s, gflops = map(float, row.groups())
     assert abs(gflops - tokens_per_s * flops_per_token(TINY, 15) / 1e9) <= 0.5 + 0.01 * gflops
-    worker = benchmark("--worker", "tfgpt2", *common[:-2], "--accumulate", "3")
-    figures = json.loads(worker.stdout.strip().splitlines()[-1])
     assert figures["tokens_per_step"] == 3 * 2 * 15 and figures["tokens_per_s"] > 0
 
 
@@ -46,16 +51,13 @@ def test_accumulate_is_tfgpt2s_alone(tiny_dir):
 
 
 @pytest.mark.slow
-def test_float32_baseline_runs_beside_the_options_given(tiny_dir):
+def test_float32_baseline_runs_beside_the_options_given(tiny_dir, monkeypatch, capsys):
     """tfgpt2-float32 trains in float32 with XLA whatever --precision and --no_xla say, while
     tfgpt2 takes them: the two workers' own account of what they ran, and both rows."""
-    args = argparse.Namespace(model_dir=tiny_dir, batch=2, length=15, steps=1, warmup=1, precision="mixed_bfloat16",
-                              optimizer="adam", accumulate=1, remat=False, no_xla=True)
-    options, baseline = run_worker("tfgpt2", args), run_worker("tfgpt2-float32", args)
+    out, [options, baseline] = benchmark_here(
+        monkeypatch, capsys, "--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "1", "--warmup", "1",
+        "--candidates", "tfgpt2", "tfgpt2-float32", "--precision", "mixed_bfloat16", "--no_xla")
     assert (options["precision"], options["xla"]) == ("mixed_bfloat16", False), options
     assert (baseline["precision"], baseline["xla"]) == ("float32", True), baseline
-    out = benchmark("--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "1", "--warmup", "1",
-                    "--candidates", "tfgpt2", "tfgpt2-float32", "--precision", "mixed_bfloat16", "--no_xla")
-    assert out.returncode == 0, out.stderr[-2000:]
     for name in ("tfgpt2", "tfgpt2-float32"):
-        assert re.search(rf"^\| {name} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out.stdout, re.M), out.stdout
+        assert re.search(rf"^\| {name} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
