@@ -48,7 +48,7 @@ from tests.test_remat import HPARAMS, gradients
 from tfgpt2 import GPT2
 from tfgpt2.hparams import default_hparams
 model = GPT2(default_hparams().override_from_dict(HPARAMS), remat=sys.argv[1] == "1")
-tokens = tf.constant(np.random.default_rng(0).integers(0, 256, size=[16, 256]))
+tokens = tf.constant(np.random.default_rng(0).integers(0, 256, size=[8, 256]))
 run = tf.function(gradients, jit_compile=sys.argv[2] == "1")
 run(model, tokens)  # traces and compiles everything, so that the second call counts only its tensors
 open('/proc/self/clear_refs', 'w').write('5')  # VmHWM := VmRSS
@@ -61,15 +61,16 @@ print(kb('VmHWM') - before)
 @pytest.mark.slow
 @pytest.mark.parametrize("xla", [False, True], ids=["tf.function", "XLA"])
 def test_remat_lowers_peak_memory(xla):
-    """Peak memory of one gradient computation (batch 16 x 256 tokens, 6 blocks of width 128),
+    """Peak memory of one gradient computation (batch 8 x 256 tokens, 6 blocks of width 128),
     each in a fresh process: the second call's rise of the resident set, with glibc's mmap
     threshold fixed so that freed tensors leave it (by default glibc keeps what the first call
     freed, and the second rises by nothing), and TensorFlow's oneDNN kernels off, as TensorFlow
     has them by default on CPUs without AVX-512 VNNI or BF16: where it turns them on, they
     allocate from a pool that keeps its peak (about 440 MB here after the first call; the second
-    rose by 1 and 8 MB). Measured, repeatable to 1 MB, on CPUs with and without AVX-512:
-    under tf.function 318 MB without remat, 80 MB with it; under XLA, with the memory-minimizing scheduler
-    `tfgpt2.train --remat` asks for, 344 and 232 MB. Without that scheduler, that is without
+    rose by 1 and 8 MB). Measured, repeatable to 1 MB: under tf.function 161-162 MB without
+    remat, 39-40 MB with it; under XLA, with the memory-minimizing scheduler `tfgpt2.train
+    --remat` asks for, 175-176 and 118 MB (at batch 16, on CPUs with and without AVX-512: 318
+    and 80, 344 and 232). Without that scheduler, that is without
     XLA_FLAGS, XLA's peak with remat was above its peak without (1025 against 888 MB, an
     earlier version counting the compiler)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", MALLOC_MMAP_THRESHOLD_="131072",
