@@ -12,9 +12,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from tfgpt2.compare import ATOL  # noqa: E402,F401  the one tolerance against the reference
+from tfgpt2.testing.compare import ATOL  # noqa: E402,F401  the one tolerance against the reference
 from tfgpt2.hparams import default_hparams, published_hparams  # noqa: E402
-from tools.make_checkpoint import make_checkpoint  # noqa: E402
+from tfgpt2.testing.checkpoints import make_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TFGPT2_SHARED", ROOT.parent / "shared"))

@@ -4,12 +4,12 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from tools.benchmark_train import has_modules, hf_python
-from tools.machine import describe
+from benchmarks.benchmark_train import has_modules, hf_python
+from benchmarks.machine import describe
 
 
 def test_rates_of_each_dtype_and_backend():
-    out = subprocess.run([sys.executable, "tools/benchmark_matmul.py", "--m", "64", "--k", "96", "--n", "128",
+    out = subprocess.run([sys.executable, "benchmarks/benchmark_matmul.py", "--m", "64", "--k", "96", "--n", "128",
                           "--runs", "3"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[64, 96] @ [96, 128], median of up to 3 calls" in out.stdout and describe() in out.stdout

@@ -6,13 +6,13 @@ import sys
 import pytest
 
 from conftest import ROOT, TINY
-from tools import benchmark_train
-from tools.benchmark_train import flops_per_token
-from tools.machine import describe
+from benchmarks import benchmark_train
+from benchmarks.benchmark_train import flops_per_token
+from benchmarks.machine import describe
 
 
 def benchmark(*flags):
-    return subprocess.run([sys.executable, "tools/benchmark_train.py", *flags], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "benchmarks/benchmark_train.py", *flags], capture_output=True, text=True,
                           cwd=ROOT, timeout=600)
 
 

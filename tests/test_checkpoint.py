@@ -11,11 +11,12 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import ATOL, ROOT, require_reference
-from tfgpt2 import CheckpointError, bundle, load_model, save_model
-from tfgpt2.checkpoint import save_checkpoint
+from tfgpt2 import CheckpointError, load_model, save_model
+from tfgpt2.formats import bundle
+from tfgpt2.formats.checkpoint import save_checkpoint
 from tfgpt2.hparams import load_hparams
-from tfgpt2.reference import Reference
-from tools.make_checkpoint import random_weights
+from tfgpt2.testing.reference import Reference
+from tfgpt2.testing.checkpoints import random_weights
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, execute_notebook, require_reference
-from tfgpt2 import compare
-from tfgpt2.checkpoint import load_model
-from tools.compare_reference import main
+from tfgpt2.testing import compare
+from tfgpt2.formats.checkpoint import load_model
+from tfgpt2.cli.compare import main
 
 pytestmark = pytest.mark.slow  # the reference and the notebook in fresh processes
 

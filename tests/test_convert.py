@@ -13,11 +13,11 @@ from safetensors.numpy import save_file
 
 from tests.conftest import ROOT, TINY
 from tfgpt2 import load_model
-from tfgpt2.convert import ConversionError, convert, load, read, save, write
+from tfgpt2.formats.convert import ConversionError, convert, load, read, save, write
 from tfgpt2.hparams import default_hparams
-from tools import convert as convert_cli
-from tools.benchmark_train import has_modules, hf_python
-from tools.make_checkpoint import make_checkpoint
+from tfgpt2.cli import convert as convert_cli
+from benchmarks.benchmark_train import has_modules, hf_python
+from tfgpt2.testing.checkpoints import make_checkpoint
 
 ATOL = 5e-4  # two correct fp32 implementations (tests/test_model.py)
 TOKENS = np.random.default_rng(7).integers(0, 50257, size=(2, 17), dtype=np.int32)
@@ -263,7 +263,8 @@ def test_load_and_save_models(tiny_dir, tmp_path):
 def test_write_is_atomic(tiny_dir, tmp_path, monkeypatch):
     """A write that fails part way leaves no file under a final name."""
     hparams, tensors = read(tiny_dir, "openai")
-    monkeypatch.setattr("tfgpt2.convert._publish", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    # the vocabulary is copied last, after the weights and config were written
+    monkeypatch.setattr("tfgpt2.formats.convert.shutil.copyfile", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         write(hparams, tensors, tmp_path / "hf", "hf")
     assert os.listdir(tmp_path / "hf") == []
@@ -279,8 +280,8 @@ def test_command_line(tiny_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         convert_cli.main(["--from", "openai", "--to", "hf", "--models_dir", str(tmp_path), "355M", str(tmp_path / "x")])
     assert exit.value.code == 1
-    assert "download it with `python tools/download_model.py 355M" in capsys.readouterr().err
-    child = subprocess.run([sys.executable, "tools/convert.py", "--from", "hf", "--to", "openai",
+    assert "download it with `tfgpt2 download 355M" in capsys.readouterr().err
+    child = subprocess.run([sys.executable, "-m", "tfgpt2.cli.main", "convert", "--from", "hf", "--to", "openai",
                             str(tmp_path / "nowhere"), str(tmp_path / "y")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert child.returncode == 1 and "Traceback" not in child.stderr
@@ -293,11 +294,11 @@ def test_model_names_resolve_models_dir_and_say_how_to_download(tiny_dir, tmp_pa
     assert load_model(name, models_dir=models_dir).hparams.n_layer == 2
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"models/124M: no such model folder; download it with "
-                                                r"`python tools/download_model\.py 124M`"):
+                                                r"`tfgpt2 download 124M`"):
         load_model("124M")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     child = subprocess.run([sys.executable, "-m", "tfgpt2.generate_unconditional_samples", "--model_name", "355M",
                             "--models_dir", "elsewhere"], capture_output=True, text=True, env=env, timeout=120)
     assert child.returncode == 1
     assert child.stderr.strip() == ("error: elsewhere/355M: no such model folder; download it with "
-                                    "`python tools/download_model.py 355M --models_dir elsewhere`")
+                                    "`tfgpt2 download 355M --models_dir elsewhere`")

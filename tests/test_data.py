@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 import tfgpt2
-from tfgpt2 import data, encode
+from tfgpt2.cli import encode
+from tfgpt2.train import data
 
 EOT = 50256
 

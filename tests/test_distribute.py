@@ -22,8 +22,8 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import ROOT
-from tfgpt2 import distribute, train
-from tfgpt2.checkpoint import load_model
+from tfgpt2.train import distribute, flags, loop, run_folder
+from tfgpt2.formats.checkpoint import load_model
 
 pytestmark = pytest.mark.slow  # several TensorFlow processes
 
@@ -35,12 +35,12 @@ import sys
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tfgpt2 import distribute, train
+from tfgpt2.train import distribute, flags, loop, run_folder
 strategy = distribute.make_strategy("mirrored")
 assert strategy.num_replicas_in_sync == 2, strategy.extended.worker_devices
 sys.argv[0] = "train"
 try:
-    train.train(train.parse_args(sys.argv[1:]), strategy)
+    loop.train(flags.parse_args(sys.argv[1:]), strategy)
 except ValueError as e:
     sys.exit(f"error: {e}")
 """
@@ -75,7 +75,7 @@ def max_difference(a, b):
 def one_device(tiny_dir, corpus, tmp_path_factory):
     """The weights after STEPS updates on one device (in this process)."""
     checkpoints = tmp_path_factory.mktemp("one")
-    train.train(train.parse_args(flags(tiny_dir, corpus, checkpoints)))
+    loop.train(flags.parse_args(flags(tiny_dir, corpus, checkpoints)))
     trained = weights(checkpoints / "run")
     assert max_difference(trained, weights(tiny_dir)) > 1e-3  # the steps changed the weights
     return trained
@@ -173,7 +173,7 @@ def test_killing_a_worker_stops_the_run_with_its_checkpoint_intact_and_resume_wo
     assert lines[-2].startswith("error: training stopped: "), err
     assert lines[-1] == (f"The last complete checkpoint is {run_dir}/model-{step}; run the same command "
                          "again (on every worker) to resume from it.")
-    assert train.checkpoint_steps(str(run_dir)) == [step]
+    assert run_folder.checkpoint_steps(str(run_dir)) == [step]
     load_model(str(run_dir))  # complete, and loads
 
     results = finish(start_workers(flags(tiny_dir, corpus, tmp_path, steps=step + 2)))

@@ -1,5 +1,4 @@
-"""tools/download_model.py against a fake of OpenAI's storage on 127.0.0.1."""
-import importlib.util
+"""`tfgpt2 download` (`tfgpt2.formats.download`) against a fake of OpenAI's storage on 127.0.0.1."""
 import random
 import re
 import socket
@@ -12,10 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-SCRIPT = Path(__file__).resolve().parents[1] / 'tools' / 'download_model.py'
-_spec = importlib.util.spec_from_file_location('download_model', SCRIPT)
-dm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dm)
+from tfgpt2.formats import download as dm
 
 BIG = 'model.ckpt.data-00000-of-00001'
 
@@ -102,15 +98,15 @@ def assert_complete(folder, files):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, '-m', 'tfgpt2.cli.main', 'download', *args], capture_output=True,
+                          text=True, timeout=60)
 
 
 def assert_one_line_error(result, *fragments):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert 'Traceback' not in result.stderr
-    assert lines[-1].startswith('download_model.py: error: '), result.stderr
+    assert lines[-1].startswith('tfgpt2 download: error: '), result.stderr
     for fragment in fragments:
         assert fragment in lines[-1]
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import tfgpt2
-from tfgpt2 import evaluate
-from tfgpt2.reference import Reference
+from tfgpt2.cli import evaluate as evaluate_cli
+from tfgpt2.train import evaluate
+from tfgpt2.testing.reference import Reference
 
 from conftest import require_reference
 
@@ -52,7 +53,7 @@ def test_evaluate_equals_the_reference_mean_loss(tiny_dir, tmp_path, capsys):
     assert result["bits_per_byte"] == pytest.approx(np.sum(expected) / math.log(2) / len(TEXT.encode()), rel=1e-5)
 
     (tmp_path / "text.txt").write_text(TEXT)
-    evaluate.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "text.txt"), "--stride", "24"])
+    evaluate_cli.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "text.txt"), "--stride", "24"])
     out = capsys.readouterr().out
     assert f"loss {result['loss']:.4f}" in out and f"tokens {len(expected)}" in out
 
@@ -61,7 +62,7 @@ def test_bad_input_is_a_clear_error(tiny_dir, tmp_path):
     with pytest.raises(ValueError, match=r"--stride must be in \[1, n_ctx=64\], got 65"):
         evaluate.windows(100, 64, 65)
     with pytest.raises(SystemExit, match="missing.txt: cannot read: No such file"):
-        evaluate.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "missing.txt")])
+        evaluate_cli.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "missing.txt")])
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(SystemExit, match="empty.txt: no text to evaluate"):
-        evaluate.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "empty.txt")])
+        evaluate_cli.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "empty.txt")])

@@ -15,11 +15,11 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import ATOL, require_reference
-from tfgpt2.checkpoint import load_model
-from tfgpt2.export import checkpoint_bytes, export_saved_model, folder_bytes
-from tfgpt2.reference import Reference
+from tfgpt2.formats.checkpoint import load_model
+from tfgpt2.formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes
+from tfgpt2.testing.reference import Reference
 from tfgpt2.sample import generate
-from tools.export_saved_model import main as export_main
+from tfgpt2.cli.export import main as export_main
 
 pytestmark = pytest.mark.slow  # SavedModels exported and served in fresh processes
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from tfgpt2 import generate_batch
-from tfgpt2.checkpoint import load_model
+from tfgpt2.cli import generate_batch
+from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.encoder import get_encoder
-from tfgpt2.sample import bucket, generate
+from tfgpt2.decoding.plan import bucket
+from tfgpt2.sample import generate
 
 pytestmark = pytest.mark.slow  # compiled generation over many prompts, processes
 

@@ -1,7 +1,7 @@
 """tools/machine.py: the machine line that the benchmarks print with their figures."""
 import os
 
-from tools.machine import FEATURES, cpu, describe
+from benchmarks.machine import FEATURES, cpu, describe
 
 INTEL = """processor\t: 0
 vendor_id\t: GenuineIntel

@@ -9,9 +9,9 @@ from tests.conftest import ATOL, require_reference
 from tfgpt2 import GPT2, load_model
 from tfgpt2.hparams import default_hparams
 from tfgpt2.model import attention_mask, attn_probs, gelu, normalize, past_shape
-from tfgpt2.params import variable_shapes
-from tfgpt2.reference import Reference
-from tfgpt2.train import window_loss
+from tfgpt2.hparams import variable_shapes
+from tfgpt2.testing.reference import Reference
+from tfgpt2.model import window_loss
 
 
 def assert_close(ours, theirs, what):

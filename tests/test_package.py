@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT, TINY
 from tfgpt2.hparams import default_hparams, published_hparams
-from tools.make_checkpoint import make_checkpoint
+from tfgpt2.testing.checkpoints import make_checkpoint
 
 README = (ROOT / "README.md").read_text()
 

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import ROOT, TINY
 from tfgpt2 import GPT2, count_params
 from tfgpt2.hparams import default_hparams, published_hparams
-from tfgpt2.params import breakdown
+from tfgpt2.hparams import breakdown
 
 EXPECTED = {  # tied, untied
     "124M": (124_439_808, 163_037_184),

@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import ROOT, TINY, _folder
-from tfgpt2 import load_model, save_model
-from tfgpt2.export import export_saved_model
+from tfgpt2 import generate, load_model, save_model
+from tfgpt2.formats.saved_model import export_saved_model
+from tfgpt2.decoding.cache import call_with_cache, empty_cache
 from tfgpt2.hparams import default_hparams
 from tfgpt2.model import attention_mask, mask_attn_weights
 
@@ -40,8 +41,8 @@ def test_variables_and_activations_follow_the_policy(tiny_dir, policy):
     for layer, inputs in [(block.ln_1, x), (block.attn.c_attn, x), (block.mlp, x)]:
         assert layer(inputs).dtype == compute, layer.path
     # the fixed-size cache of generation stays in the compute dtype
-    cache = model.empty_cache(1, 16)
-    logits, cache = model.call_with_cache(tf.constant([[1, 2]]), cache, 0)
+    cache = empty_cache(model, 1, 16)
+    logits, cache = call_with_cache(model, tf.constant([[1, 2]]), cache, 0)
     assert logits.dtype == tf.float32 and {c.dtype for pair in cache for c in pair} == {compute}
 
 
@@ -69,7 +70,7 @@ def test_greedy_tokens_match_float32(tiny128_dir, policy):
     reference, model = load_model(tiny128_dir), load_model(tiny128_dir, dtype=policy)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 50257, size=n).tolist() for n in (1, 3, 7, 12, 20, 33, 5, 9)]
-    rows = model.generate(prompts, 64, temperature=0)
+    rows = generate(model, prompts, 64, temperature=0)
     agree = 0
     for prompt, row in zip(prompts, rows):
         assert len(row) == len(prompt) + 64
@@ -87,7 +88,7 @@ def test_float16_long_prompt_has_no_nan_or_inf(wide_dir, policy):
     out = model(tokens, return_hidden=True)
     for name in ("logits", "present", "hidden"):
         assert np.isfinite(tf.cast(out[name], tf.float32).numpy()).all(), name
-    rows = model.generate([tokens[0, :100].tolist(), [3]], 29, temperature=0)
+    rows = generate(model, [tokens[0, :100].tolist(), [3]], 29, temperature=0)
     logits = model([rows[0][:-1]])["logits"].numpy()
     assert np.isfinite(logits).all() and len(rows[0]) == 129
 
@@ -166,7 +167,7 @@ def test_bfloat16_saved_model_gives_the_library_greedy_tokens(tiny_dir, tmp_path
     model = load_model(tiny_dir, dtype="bfloat16")
     path = export_saved_model(model, str(tmp_path / "export"))
     prompts = [[11, 12, 13, 14, 15], [7, 8, 9]]
-    ours = [row.tolist() for row in model.generate(prompts, 20, temperature=0)]
+    ours = [row.tolist() for row in generate(model, prompts, 20, temperature=0)]
     stored = tf.train.load_checkpoint(os.path.join(path, "variables", "variables")).get_variable_to_dtype_map()
     assert tf.bfloat16 in set(stored.values())
     script = f"""

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tools.profile_xla import GROUPS, group_of, op_times
+from benchmarks.profile_xla import GROUPS, group_of, op_times
 from conftest import ROOT
 
 
@@ -42,7 +42,7 @@ def test_op_times_counts_xla_operations_on_any_thread(tmp_path):
 
 def profile(model_dir, *args):
     """The tool's group table, {group: ms}, and the ms it could not place."""
-    out = subprocess.run([sys.executable, "tools/profile_xla.py", "--model_dir", model_dir, *args], cwd=ROOT,
+    out = subprocess.run([sys.executable, "benchmarks/profile_xla.py", "--model_dir", model_dir, *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     table = dict(re.findall(r"^\| ([a-z ]+) \| ([\d.]+) \| \d+% \|$", out.stdout, re.M))

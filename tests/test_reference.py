@@ -7,9 +7,9 @@ import tensorflow as tf
 from tensorflow.python import tf2
 
 from tests.conftest import ATOL, require_reference
-from tfgpt2.checkpoint import load_model
-from tfgpt2.compare import greedy
-from tfgpt2.reference import Reference, ReferenceError
+from tfgpt2.formats.checkpoint import load_model
+from tfgpt2.testing.compare import greedy
+from tfgpt2.testing.reference import Reference, ReferenceError
 
 pytestmark = pytest.mark.slow  # the reference in a child process
 

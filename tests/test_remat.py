@@ -91,7 +91,8 @@ XLA_BYTES = """
 import glob, os, re, sys, numpy as np, tensorflow as tf
 from tfgpt2 import GPT2
 from tfgpt2.hparams import default_hparams
-from tfgpt2.train import Trainer, make_optimizer
+from tfgpt2.train.optimizers import make_optimizer
+from tfgpt2.train.step import Trainer
 hparams = default_hparams().override_from_dict(dict(n_vocab=512, n_ctx=512, n_embd=64, n_head=4, n_layer=6))
 tokens = tf.constant(np.random.default_rng(0).integers(0, 512, size=[1, 512]), tf.int32)
 for remat in (False, True):
@@ -123,7 +124,7 @@ def test_remat_lowers_xlas_own_count_of_a_train_steps_memory(tmp_path):
 
 
 def test_train_cli_asks_xla_for_the_memory_schedule(monkeypatch):
-    from tfgpt2.train import prefer_memory_schedule
+    from tfgpt2.train.flags import prefer_memory_schedule
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     prefer_memory_schedule()
     assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_enable_fast_math=false",

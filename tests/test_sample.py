@@ -15,9 +15,13 @@ import tensorflow as tf
 from tests.conftest import ATOL, require_reference
 from tfgpt2 import load_model
 from tfgpt2.model import Conv1D
-from tfgpt2.reference import Reference
-from tfgpt2.sample import (SPLIT_K, choose, generate, generator_for, plan, sample_sequence, top_k_logits,
-                           top_p_logits, transpose_pays)
+from tfgpt2.testing.reference import Reference
+from tfgpt2.decoding import layouts
+from tfgpt2.decoding.cache import call_with_cache, empty_cache, project
+from tfgpt2.decoding.layouts import SPLIT_K, transpose_pays
+from tfgpt2.decoding.loop import generator_for
+from tfgpt2.decoding.plan import plan
+from tfgpt2.sample import choose, generate, sample_sequence, top_k_logits, top_p_logits
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +75,10 @@ def test_cached_steps_equal_full_forward(tiny, pad):
     full = tiny(tokens)["logits"].numpy()
     pads = tf.constant([pad, pad])
     padded = np.concatenate([np.zeros([2, pad], np.int64), tokens[:, :5]], axis=1)
-    logits, cache = tiny.call_with_cache(tf.constant(padded), tiny.empty_cache(2, 32), 0, pad=pads)
+    logits, cache = call_with_cache(tiny, tf.constant(padded), empty_cache(tiny, 2, 32), 0, pad=pads)
     np.testing.assert_allclose(logits.numpy(), full[:, 4], atol=ATOL, rtol=0)
     for t in range(5, 12):
-        logits, cache = tiny.call_with_cache(tf.constant(tokens[:, t:t + 1]), cache, pad + t, pad=pads)
+        logits, cache = call_with_cache(tiny, tf.constant(tokens[:, t:t + 1]), cache, pad + t, pad=pads)
         np.testing.assert_allclose(logits.numpy(), full[:, t], atol=ATOL, rtol=0, err_msg=f"position {t}")
 
 
@@ -86,7 +90,7 @@ def test_past_is_the_originals_and_generation_leaves_it_alone(tiny):
     later = tiny(tokens[:, 4:], first["present"])
     np.testing.assert_allclose(later["logits"].numpy(), tiny(tokens)["logits"].numpy()[:, 4:], atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="past must be"):
-        tiny(tokens[:, 4:], tiny.empty_cache(1, 8))
+        tiny(tokens[:, 4:], empty_cache(tiny, 1, 8))
 
 
 @pytest.mark.slow
@@ -104,18 +108,18 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
     passed explicitly; the split applies to the one-row step)."""
     model = load_model(wide_dir)
     hp = model.hparams
-    weights = model.transposed_weights()
+    weights = layouts.transposed(model)
     assert [tuple(w.shape) for w in weights[0]] == [
         (3 * hp.n_embd, hp.n_embd), (hp.n_embd, hp.n_embd), (4 * hp.n_embd, hp.n_embd), (hp.n_embd, 4 * hp.n_embd)]
 
     @tf.function(jit_compile=True)
     def two_steps(tokens, weights):
-        logits, cache = model.call_with_cache(tokens[:, :5], model.empty_cache(1, 16), 0, weights=weights)
-        return logits, model.call_with_cache(tokens[:, 5:6], cache, 5, weights=weights)[0]
+        logits, cache = call_with_cache(model, tokens[:, :5], empty_cache(model, 1, 16), 0, layouts=weights)
+        return logits, call_with_cache(model, tokens[:, 5:6], cache, 5, layouts=weights)[0]
 
     tokens = np.array(prompts_for(11, [6]))
     full = model(tokens)["logits"].numpy()
-    for weights_used in (weights, model.split_layout(SPLIT_K), model.split_layout(3), None):  # 3: nx % 3, plain
+    for weights_used in (weights, layouts.split(model, SPLIT_K), layouts.split(model, 3), None):  # 3: nx % 3, plain
         prefill, step = two_steps(tf.constant(tokens), weights_used)
         np.testing.assert_allclose(prefill.numpy()[0], full[0, 4], atol=ATOL, rtol=0)
         np.testing.assert_allclose(step.numpy()[0], full[0, 5], atol=ATOL, rtol=0)
@@ -129,14 +133,14 @@ def test_split_layout_is_one_batched_product_of_the_weight_as_stored(layout, row
     conv = Conv1D(64, 32)
     conv.build()
     x = tf.random.normal([rows, 64])
-    hlo = tf.function(lambda x: conv(x, layout=layout), jit_compile=True).experimental_get_compiler_ir(x)(
+    hlo = tf.function(lambda x: project(conv, x, layout), jit_compile=True).experimental_get_compiler_ir(x)(
         "optimized_hlo")
     dots = re.findall(r"= f32\S+ dot\(%(\S+), %(\S+)\), (lhs_batch_dims=\{0\})?", hlo)
     assert len(dots) == 1 and bool(dots[0][2]) == batched, hlo
     if batched:
         weight = re.search(r"%(\S+) = f32\[1,64,32\]\S* parameter", hlo).group(1)
         assert re.search(rf"%{re.escape(dots[0][1])} = f32\[8,8,32\]\S* bitcast\(%{re.escape(weight)}\)", hlo), hlo
-    np.testing.assert_allclose(conv(x, layout=layout).numpy(), conv(x).numpy(), atol=1e-5)
+    np.testing.assert_allclose(project(conv, x, layout).numpy(), conv(x).numpy(), atol=1e-5)
 
 
 SAMPLED = (tf.constant(1.0), tf.constant(0), tf.constant(1.0))  # temperature, top_k, top_p
@@ -146,7 +150,7 @@ def loop_args(model, batch, longest, length, *, prompt=None, seed=0):
     """Arguments of `Generator.generate_padded` for `batch` prompts of at most `longest` tokens
     (ones, or `prompt` [batch, prompt_len]) and `length` new ones, sampled at temperature 1, top_k
     0, top_p 1: (prompt_len, the generator, the arguments)."""
-    generator = generator_for(model)
+    generator = generator_for(model, choose)
     prompt_len, total = (int(n) for n in plan(longest, length, model.hparams.n_ctx))
     prompt = tf.ones([batch, prompt_len], tf.int32) if prompt is None else prompt
     return prompt_len, generator, (
@@ -219,10 +223,10 @@ def test_a_one_token_prompt_compiles_the_loop_alone(tiny):
 
 def test_transpose_policy():
     """The planner's rule, whatever device the tests run on."""
-    assert bool(transpose_pays(16, on_cpu=True))
-    assert not bool(transpose_pays(15, on_cpu=True))
-    assert not bool(transpose_pays(100, on_cpu=False))
-    assert not bool(transpose_pays(100, on_cpu=True, jit_compile=False))
+    assert bool(transpose_pays(16, cpu=True))
+    assert not bool(transpose_pays(15, cpu=True))
+    assert not bool(transpose_pays(100, cpu=False))
+    assert not bool(transpose_pays(100, cpu=True, jit_compile=False))
 
 
 @pytest.mark.slow
@@ -230,12 +234,11 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     """On a CPU under XLA, from TRANSPOSE_FROM new tokens: split products at batch 1, the
     transposed copies at more rows; the same greedy tokens as the uncached model."""
     model = load_model(wide_dir)
-    gen = generator_for(model)
-    gen.on_cpu = True  # the rule for a CPU, also where the tests run on a GPU
-    assert gen.weights_for(16, 1) == model.split_layout(SPLIT_K)
+    gen = generator_for(model, choose)
+    assert gen.weights_for(16, 1) == layouts.split(model, SPLIT_K)
     assert len(gen.weights_for(16, 2)) == model.hparams.n_layer
     assert gen.weights_for(15, 2) is None and gen.weights_for(15, 1) is None
-    assert generator_for(model, jit_compile=False).weights_for(16, 2) is None
+    assert generator_for(model, choose, jit_compile=False).weights_for(16, 2) is None
     prompts = prompts_for(12, [3, 1, 6])
     copies, transposed = [], gen.transposed
     gen.transposed = lambda: copies.append(1) or transposed()
@@ -286,7 +289,7 @@ def test_variable_length_batch_rows_equal_rows_alone(folder, request):
 
 @pytest.mark.slow
 def test_one_compile_per_bucket(tiny):
-    gen = generator_for(tiny)
+    gen = generator_for(tiny, choose)
     before = gen.traces
     for length, new in [(3, 5), (5, 6), (9, 2), (16, 8)]:  # prompt bucket 16, total bucket 24
         generate(tiny, prompts_for(length, [length, length]), new, seed=1)
@@ -300,7 +303,7 @@ def test_twenty_prompt_lengths_compile_at_most_seven_times(tiny_dir):
     model = load_model(tiny_dir)
     for n in range(1, 60, 3):
         generate(model, prompts_for(n, [n]), 5, seed=0)
-    assert generator_for(model).traces <= 7
+    assert generator_for(model, choose).traces <= 7
 
 
 @pytest.mark.slow

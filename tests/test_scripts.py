@@ -12,8 +12,9 @@ import tempfile
 import pytest
 
 from tests.conftest import ROOT
-from tfgpt2 import generate_unconditional_samples, interactive_conditional_samples
-from tfgpt2.checkpoint import load_model
+from tfgpt2.cli import generate as generate_unconditional_samples
+from tfgpt2.cli import interactive as interactive_conditional_samples
+from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.encoder import get_encoder
 from tfgpt2.sample import sample_sequence
 

@@ -12,12 +12,16 @@ import tensorflow as tf
 import keras
 
 import tfgpt2
-from tfgpt2 import data, train
-from tfgpt2.reference import Reference
+from tfgpt2.cli import train as train_cli
+from tfgpt2.model import token_losses, window_loss
+from tfgpt2.train import data, flags, loop, optimizers, run_folder
+from tfgpt2.train.optimizers import make_optimizer
+from tfgpt2.train.step import Trainer
+from tfgpt2.testing.reference import Reference
 
 from conftest import ROOT, execute_notebook, require_reference
 from tfgpt2.hparams import default_hparams
-from tools.make_checkpoint import make_checkpoint
+from tfgpt2.testing.checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.slow  # compiled training steps and the reference
 
@@ -52,7 +56,7 @@ def run(model_dir, tmp_path, *flags, run_name="run1"):
             "--checkpoint_dir", str(tmp_path / "checkpoint"), "--run_name", run_name,
             "--sample_every", "0", "--save_every", "0", "--print_every", "0",
             "--sample_length", str(SAMPLE_LENGTH), *flags]
-    return train.train(train.parse_args(argv))
+    return loop.train(flags.parse_args(argv))
 
 
 def weights_of(folder):
@@ -79,12 +83,12 @@ def test_token_losses_are_tensorflows_cross_entropy_and_nan_for_a_bad_label(xla)
             tape.watch(logits)
             value = tf.reduce_mean(loss(labels, logits))
         return value, tape.gradient(value, logits)
-    ours = tf.function(lambda: both(train.token_losses), jit_compile=xla)()
+    ours = tf.function(lambda: both(token_losses), jit_compile=xla)()
     theirs = both(lambda y, x: tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x))
     assert abs(float(ours[0]) - float(theirs[0])) <= 1e-5 * float(theirs[0])
     assert float(tf.reduce_max(tf.abs(ours[1] - theirs[1]))) <= 1e-6 * float(tf.reduce_max(tf.abs(theirs[1])))
     bad = tf.constant([[5, 50257, -1]], tf.int32)
-    losses = tf.function(train.token_losses, jit_compile=xla)(bad, logits[:1, :3]).numpy()
+    losses = tf.function(token_losses, jit_compile=xla)(bad, logits[:1, :3]).numpy()
     assert np.isfinite(losses[0, 0]) and np.isnan(losses[0, 1:]).all(), losses
 
 
@@ -97,7 +101,7 @@ def test_token_losses_gradient_outside_xla_is_one_xla_program():
     def gradient(logits):
         with tf.GradientTape() as tape:
             tape.watch(logits)
-            loss = tf.reduce_mean(train.token_losses(tf.constant([[1, 2, 3], [4, 5, 6]]), logits))
+            loss = tf.reduce_mean(token_losses(tf.constant([[1, 2, 3], [4, 5, 6]]), logits))
         return tape.gradient(loss, logits)
     ops = tf.function(gradient).get_concrete_function(logits).graph.get_operations()
     types = {op.type for op in ops}
@@ -114,7 +118,7 @@ def test_fit_with_a_plain_keras_loss(tiny_dir):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     batch = windows.take(tf.constant([[0, 7]], tf.int64))[0]
     before = model.evaluate(batch[:, :-1], batch[:, 1:], verbose=0)
-    np.testing.assert_allclose(before, float(train.window_loss(model, batch)), rtol=1e-5)
+    np.testing.assert_allclose(before, float(window_loss(model, batch)), rtol=1e-5)
     history = model.fit(data.keras_dataset(windows, batch_size=2, seed=0), steps_per_epoch=3, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
     assert model.evaluate(batch[:, :-1], batch[:, 1:], verbose=0) < before
@@ -171,7 +175,7 @@ def test_a_step_without_accumulation_compiles_without_a_loop(micro_dir):
     4 s more compiling; docs/performance.md, Training speed)."""
     tokens = tf.constant(random_ids(4 * 9).reshape(4, 9))
     for accumulate, loops in ((1, 0), (2, 1)):
-        trainer = train.Trainer(tfgpt2.load_model(micro_dir), train.make_optimizer("adam", 1e-3), accumulate=accumulate)
+        trainer = Trainer(tfgpt2.load_model(micro_dir), make_optimizer("adam", 1e-3), accumulate=accumulate)
         step = tf.function(trainer._replica_step, jit_compile=True)
         assert step.experimental_get_compiler_ir(tokens)(stage="optimized_hlo").count(" while(") == loops
 
@@ -191,7 +195,7 @@ def test_adafactor_updates_as_keras_without_full_size_state():
     shapes, grads, start = optimizer_case()
     for options in ({}, {"learning_rate": 1e-2, "relative_step": False}):
         results = []
-        for cls in (train.Adafactor, keras.optimizers.Adafactor):
+        for cls in (optimizers.Adafactor, keras.optimizers.Adafactor):
             weights = [keras.Variable(w) for w in start]
             optimizer = cls(**options)
             optimizer.build(weights)
@@ -213,7 +217,7 @@ def test_adam_updates_as_keras_with_one_kernel_per_weight(name):
     shapes, grads, start = optimizer_case()
     keras_optimizer = dict(adam=keras.optimizers.Adam, adamw=keras.optimizers.AdamW)[name]
     results = []
-    for make in (lambda: train.make_optimizer(name, 1e-2, weight_decay=0.1 if name == "adamw" else 0.0),
+    for make in (lambda: make_optimizer(name, 1e-2, weight_decay=0.1 if name == "adamw" else 0.0),
                  lambda: keras_optimizer(1e-2, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
                                          **(dict(weight_decay=0.1) if name == "adamw" else {}))):
         weights = [keras.Variable(w) for w in start]
@@ -230,7 +234,7 @@ def test_adam_updates_as_keras_with_one_kernel_per_weight(name):
         assert np.abs(a - w).max() > 1e-3  # it moved
     assert (our_kernels, keras_kernels) == (len(shapes), 0)
     weights = [keras.Variable(w) for w in start]
-    amsgrad = train.Adam(1e-2, amsgrad=True)  # not the kernel's: Keras' own update
+    amsgrad = optimizers.Adam(1e-2, amsgrad=True)  # not the kernel's: Keras' own update
     amsgrad.apply_gradients(zip(grads[0], weights))
     assert len(amsgrad._velocity_hats) == len(shapes) and np.abs(amsgrad._velocity_hats[0].numpy()).max() > 0
 
@@ -254,7 +258,8 @@ import sys, numpy as np, tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(1)
 from tfgpt2 import GPT2
 from tfgpt2.hparams import default_hparams
-from tfgpt2.train import Trainer, make_optimizer
+from tfgpt2.train.optimizers import make_optimizer
+from tfgpt2.train.step import Trainer
 accumulate = int(sys.argv[1])
 model = GPT2(default_hparams().override_from_dict(dict(n_vocab=50257, n_ctx=64, n_embd=256, n_head=4, n_layer=2)))
 tokens = tf.constant(np.random.default_rng(0).integers(0, 50257, size=[accumulate, 33]), tf.int32)
@@ -285,7 +290,7 @@ def test_accumulating_holds_one_more_set_of_gradients():
 
 def run_interrupted(monkeypatch, update, *args, **kwargs):
     """`run(*args, **kwargs)` with Ctrl-C during its `update`-th update."""
-    step = train.Trainer.step
+    step = Trainer.step
     calls = []
 
     def interrupted(self, batch):
@@ -293,7 +298,7 @@ def run_interrupted(monkeypatch, update, *args, **kwargs):
         if len(calls) == update:
             raise KeyboardInterrupt
         return step(self, batch)
-    monkeypatch.setattr(train.Trainer, "step", interrupted)
+    monkeypatch.setattr(Trainer, "step", interrupted)
     try:
         return run(*args, **kwargs)
     finally:
@@ -319,9 +324,9 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
     run_dir = tmp_path / "checkpoint" / "whole"
-    assert train.checkpoint_steps(str(run_dir))[-2:] == [4, 6]
-    best = train._read_best(str(run_dir))
-    assert best["step"] in (3, 6) and best["step"] in train.checkpoint_steps(str(run_dir))
+    assert run_folder.checkpoint_steps(str(run_dir))[-2:] == [4, 6]
+    best = run_folder.read_best(str(run_dir))
+    assert best["step"] in (3, 6) and best["step"] in run_folder.checkpoint_steps(str(run_dir))
     names = sorted(os.listdir(run_dir))
     assert [n for n in names if n.startswith("optimizer-")] == ["optimizer-6.data-00000-of-00001", "optimizer-6.index"]
     assert {"counter", "hparams.json", "encoder.json", "vocab.bpe"} <= set(names)
@@ -354,9 +359,9 @@ import sys
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tfgpt2 import train
+from tfgpt2.train import flags, loop, run_folder
 for run, strategy in [("1", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])), ("2", None)]:
-    print(train.train(train.parse_args(sys.argv[1:] + ["--batch_size", "2", "--run_name", run]), strategy))
+    print(loop.train(flags.parse_args(sys.argv[1:] + ["--batch_size", "2", "--run_name", run]), strategy))
 """
 
 
@@ -427,7 +432,7 @@ def test_mixed_precision_memorizes_a_short_text_as_float32(micro_dir, tmp_path, 
 
 def _fails(capsys, tiny_dir, tmp_path, message, *flags):
     with pytest.raises(SystemExit) as e:
-        train.main(["--models_dir", os.path.dirname(tiny_dir), "--model_name", os.path.basename(tiny_dir),
+        train_cli.main(["--models_dir", os.path.dirname(tiny_dir), "--model_name", os.path.basename(tiny_dir),
                     "--checkpoint_dir", str(tmp_path / "checkpoint"), "--sample_every", "0",
                     "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), *flags])
     error = str(e.value.code) if isinstance(e.value.code, str) else capsys.readouterr().err
@@ -466,7 +471,7 @@ def test_bad_flags_and_folders_are_clear_errors(tiny_dir, tmp_path, capsys):
            "--restore_from", "nowhere")
 
     run_dir = tmp_path / "checkpoint" / "run1"  # a run folder at step 1, written by hand
-    train.write_run_files(str(run_dir), tfgpt2.load_hparams(tiny_dir), tiny_dir)
+    run_folder.write_run_files(str(run_dir), tfgpt2.load_hparams(tiny_dir), tiny_dir)
     for name in os.listdir(tiny_dir):
         if name.startswith("model.ckpt."):
             os.link(os.path.join(tiny_dir, name), run_dir / name.replace("model.ckpt", "model-1"))
@@ -495,7 +500,7 @@ def test_finetune_is_the_command_line_in_python(tiny_dir, tmp_path):
     history = tfgpt2.finetune(dataset, run_name="python", **flags)
     assert [s for s, _ in history] == [1, 2, 3]
     assert history == run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "3", "--no_xla", run_name="flags")
-    assert train.checkpoint_steps(str(tmp_path / "checkpoint" / "python")) == [3]
+    assert run_folder.checkpoint_steps(str(tmp_path / "checkpoint" / "python")) == [3]
     for bad, message in [(dict(batch_size=0), "argument --batch_size: must be >= 1, got 0"),
                          (dict(optimiser="adam"), "unrecognized arguments: --optimiser adam"),
                          (dict(lr_schedule="cosine", steps=-1), "--lr_schedule cosine needs --steps")]:
@@ -517,4 +522,4 @@ def test_the_finetuning_notebook_runs(tiny_dir, tmp_path, monkeypatch):
     before, after = map(float, re.search(r"held-out loss: before ([\d.]+), after ([\d.]+)", stdout).groups())
     assert after < before - 1, stdout
     assert "continued at step 41 and stopped at 50" in stdout
-    assert train.checkpoint_steps(str(tmp_path / "checkpoint" / "run1"))[-1] == 50
+    assert run_folder.checkpoint_steps(str(tmp_path / "checkpoint" / "run1"))[-1] == 50

@@ -1,45 +1,4 @@
-"""Pre-encode a corpus into an .npz of token chunks, as the forks' `encode.py`, so that
-training starts without encoding it again.
-
-    python -m tfgpt2.encode corpus/ corpus.npz --model_name 124M --combine 50000
-
-The chunks are `np.savez_compressed(out, *chunks)` (arrays arr_0, arr_1, ...), which
-`python -m tfgpt2.train --dataset corpus.npz` and the forks' train.py read.
-"""
-import argparse
-import os
-import sys
-
-import numpy as np
-
-from .data import DatasetError, load_dataset
-from .encoder import get_encoder
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tfgpt2.encode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("in_text", help="a text file, a folder or a glob")
-    p.add_argument("out_npz", help="the .npz to write")
-    p.add_argument("--model_name", default="124M", help="whose encoder.json and vocab.bpe (else the shipped copy)")
-    p.add_argument("--models_dir", default="models")
-    p.add_argument("--combine", type=int, default=50000,
-                   help="join files with <|endoftext|> until at least this many characters per chunk")
-    p.add_argument("--encoding", default="utf-8", help="the text files' encoding")
-    args = p.parse_args(argv)
-    try:
-        enc = get_encoder(args.model_name, args.models_dir)
-        chunks = load_dataset(enc, args.in_text, combine=args.combine, encoding=args.encoding)
-        if not chunks:
-            raise DatasetError(f"{args.in_text}: no text to encode")
-        out = args.out_npz if args.out_npz.endswith(".npz") else args.out_npz + ".npz"
-        tmp = out[:-len(".npz")] + ".tmp.npz"  # savez adds .npz to a name without it
-        np.savez_compressed(tmp, *chunks)
-        os.replace(tmp, out)
-    except (OSError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    print(f"wrote {out}: {sum(c.size for c in chunks)} tokens in {len(chunks)} chunks")
-
-
+"""`python -m tfgpt2.encode`: the forks' encode.py, as `tfgpt2 encode` (`tfgpt2.cli`)."""
 if __name__ == "__main__":
-    main()
+    from tfgpt2.cli.main import run_command
+    run_command("encode", prog="python -m tfgpt2.encode")

@@ -3,10 +3,9 @@
 Each layer's variables carry the checkpoint's names (`model/h0/attn/c_attn/w`, shape
 [1, n_embd, 3*n_embd]), so loading and saving are a loop over `model.weights`.
 
-`GPT2.call(X, past)` is the original's `model()`. Generation (`sample.py`) uses
-`GPT2.call_with_cache` instead: the same blocks over a fixed-size key/value cache written in
-place, with left padding, and optionally with the block weights in another memory layout
-(`GPT2.transposed_weights`). Both share every projection, the mask and the softmax.
+`GPT2.call(X, past)` is the original's `model()`, and `window_loss` the forks' training loss.
+Generation runs the same layers over a fixed-size key/value cache (`tfgpt2.decoding.cache`),
+sharing every projection, the mask and the softmax; nothing here knows about it.
 
 Keras dtype policies (`GPT2(hparams, dtype="mixed_bfloat16")`, "bfloat16", "float16", ...)
 reach every layer: variables in the policy's variable dtype, matmuls and the residual stream
@@ -19,7 +18,6 @@ import functools
 import numpy as np
 import tensorflow as tf
 import keras
-from tensorflow.compiler.tf2xla.python import xla
 
 from .hparams import as_hparams, default_hparams
 
@@ -135,22 +133,9 @@ class Conv1D(keras.layers.Layer):
                                  initializer=normal(self.w_init_stdev, self.initialize))
         self.b = self.add_weight(name="b", shape=[self.nf], initializer="zeros")
 
-    def call(self, x, layout=None):
-        """`layout`, for XLA on a CPU (`GPT2.transposed_weights`, `GPT2.split_layout`): this
-        layer's weight copied as [nf, nx], or an int k, for one row: k products over slices of nx."""
+    def call(self, x):
         *start, nx = shape_list(x)
-        x = tf.reshape(x, [-1, nx])
-        if isinstance(layout, int) and x.shape[0] == 1 and nx % layout == 0:
-            # At a few rows XLA on a CPU runs x @ w on one core; a batched product (w as
-            # [k, nx / k, nf], the same memory) runs on all of them, without a copy.
-            parts = tf.transpose(tf.reshape(x, [1, layout, nx // layout]), [1, 0, 2])
-            y = tf.reduce_sum(tf.matmul(parts, tf.reshape(self.w, [layout, nx // layout, self.nf])), 0) + self.b
-        elif layout is None or isinstance(layout, int):
-            y = tf.matmul(x, tf.reshape(self.w, [-1, self.nf])) + self.b
-        else:
-            # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight. The
-            # barrier keeps XLA from rewriting it back into x @ w.
-            y = tf.transpose(xla.optimization_barrier(tf.matmul(layout, x, transpose_b=True))[0]) + self.b
+        y = tf.matmul(tf.reshape(x, [-1, nx]), tf.reshape(self.w, [-1, self.nf])) + self.b
         return tf.reshape(y, start + [self.nf])
 
     def compute_output_shape(self, input_shape):
@@ -175,12 +160,6 @@ def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
     if pad is not None:
         m = tf.logical_and(m[None], (j[None, :] >= pad[:, None])[:, None, :])
     return tf.cast(m, dtype)
-
-
-def write_cache(cache, update, index):
-    """cache[:, index:index+n] = update, for cache [batch * heads, T, features]; under XLA
-    in place in the loop's buffer."""
-    return xla.dynamic_update_slice(cache, update, tf.stack([0, index, 0]))
 
 
 @serializable
@@ -213,27 +192,19 @@ class Attention(keras.layers.Layer):
     def merge_heads(self, x):
         return merge_states(tf.transpose(x, [0, 2, 1, 3]))
 
-    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, layout=(None, None)):
-        """`past` [batch, 2, heads, sequence, features] is concatenated to, as in the original,
-        and `present` is [k, v] of x. Or `cache`, a pair (keys, values) of fixed size
-        [batch * heads, T, features] (`GPT2.empty_cache`), gets x's keys and values written at
-        `cache_index`, and `present` is the updated pair. `layout`: c_attn's and c_proj's
-        (`Conv1D.call`)."""
-        c = self.c_attn(x, layout=layout[0])
+    def call(self, x, past=None, *, attn_mask):
+        """`past` [batch, 2, heads, sequence, features] is concatenated to, as in the original;
+        `present` is [k, v] of x."""
+        c = self.c_attn(x)
         q, k, v = map(self.split_heads, tf.split(c, 3, axis=2))
-        if cache is not None:
-            present = tuple(write_cache(old, tf.reshape(new, [-1] + shape_list(new)[2:]), cache_index)
-                            for old, new in zip(cache, (k, v)))
-            a = cached_attn(q, *present, attn_mask)
-        else:
-            present = tf.stack([k, v], axis=1)
-            if past is not None:
-                pk, pv = tf.unstack(past, axis=1)
-                k = tf.concat([pk, k], axis=-2)
-                v = tf.concat([pv, v], axis=-2)
-            a = multihead_attn(q, k, v, attn_mask)
+        present = tf.stack([k, v], axis=1)
+        if past is not None:
+            pk, pv = tf.unstack(past, axis=1)
+            k = tf.concat([pk, k], axis=-2)
+            v = tf.concat([pv, v], axis=-2)
+        a = multihead_attn(q, k, v, attn_mask)
         a = self.merge_heads(a)
-        return self.c_proj(a, layout=layout[1]), present
+        return self.c_proj(a), present
 
 
 def heads_mask(b, dtype):
@@ -280,17 +251,6 @@ def multihead_attn(q, k, v, mask):
     return tf.matmul(w, v)
 
 
-def cached_attn(q, k, v, mask):
-    """multihead_attn over the generation cache: q [batch, heads, n, features], k and v
-    [batch * heads, T, features]. The products read the cache as it is: a reshape of it
-    between its update and a product makes XLA copy the whole cache at every step."""
-    batch, heads, n, features = shape_list(q)
-    w = tf.matmul(tf.reshape(q, [batch * heads, n, features]), k, transpose_b=True)
-    w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
-    a = tf.matmul(tf.reshape(w, [batch * heads, n, -1]), v)
-    return tf.reshape(a, [batch, heads, n, features])
-
-
 @serializable
 class MLP(keras.layers.Layer):
     """mlp: c_fc to n_state, tanh GELU, c_proj back to nx."""
@@ -304,8 +264,8 @@ class MLP(keras.layers.Layer):
         self.c_fc.build(input_shape)
         self.c_proj.build(input_shape and self.c_fc.compute_output_shape(input_shape))
 
-    def call(self, x, layout=(None, None)):
-        return self.c_proj(gelu(self.c_fc(x, layout=layout[0])), layout=layout[1])
+    def call(self, x):
+        return self.c_proj(gelu(self.c_fc(x)))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -332,13 +292,10 @@ class Block(keras.layers.Layer):
         for layer in (self.ln_1, self.attn, self.ln_2, self.mlp):
             layer.build(input_shape)
 
-    def call(self, x, past=None, *, attn_mask, cache=None, cache_index=None, layout=(None,) * 4):
-        """`past`, `cache`, `cache_index`: see `Attention.call`. `layout`: the block's four
-        weights' (c_attn, attn's c_proj, c_fc, mlp's c_proj; `Conv1D.call`)."""
-        a, present = self.attn(self.ln_1(x), past, attn_mask=attn_mask, cache=cache,
-                               cache_index=cache_index, layout=layout[:2])
+    def call(self, x, past=None, *, attn_mask):
+        a, present = self.attn(self.ln_1(x), past, attn_mask=attn_mask)
         x = x + a
-        m = self.mlp(self.ln_2(x), layout=layout[2:])
+        m = self.mlp(self.ln_2(x))
         x = x + m
         return x, present
 
@@ -474,7 +431,9 @@ class GPT2(keras.Model):
         self.h = [Block(hparams=self.hparams, initialize=initialize, name=f"h{layer}", dtype=self.dtype_policy)
                   for layer in range(self.hparams.n_layer)]
         self.ln_f = Norm(self.hparams.n_embd, name="ln_f", dtype=self.dtype_policy)
-        self.generators = {}  # jit_compile -> sample.Generator, made on first use
+        # compiled generation loops for this model (`tfgpt2.decoding.loop.generator_for`),
+        # freed with it, as Keras keeps `predict_function` on the model
+        self.generators = {}
         self.build()
 
     def build(self, input_shape=None):
@@ -532,35 +491,6 @@ class GPT2(keras.Model):
             results["hidden"] = tf.stack(hidden, axis=1)
         return results
 
-    def call_with_cache(self, X, cache, cache_index, *, pad=None, weights=None):
-        """X [batch, T] through the blocks over `cache`, a list of per-layer (keys, values), each
-        [batch * n_head, T_max, head_dim] (`empty_cache`; separate tensors, so that XLA updates
-        each in place), X's keys and values written at slot `cache_index`. `pad` [batch]
-        counts each row's left-padding slots. `weights`: `transposed_weights()` or
-        `split_layout(k)` (how XLA on a CPU multiplies the few rows of a decode step by the
-        block weights), or None.
-
-        Returns the logits of the last position [batch, n_vocab] (all that generation needs: a
-        long prompt's logits cost more than its forward pass) and the updated cache. Inputs are
-        not checked here: the generation planner (`sample.py`) checks them before XLA."""
-        hp = self.hparams
-        sequence = shape_list(X)[1]
-        positions = positions_for(X, cache_index, pad)
-        h = tf.gather(self.as_compute(self.wte), X) + tf.gather(self.as_compute(self.wpe), positions)
-        mask = attention_mask(sequence, shape_list(cache[0][0])[1], dtype=h.dtype, offset=cache_index, pad=pad)
-        new_cache = []
-        for block, layer_cache, layout in zip(self.h, cache, weights or [(None,) * 4] * hp.n_layer):
-            h, layer_cache = block(h, attn_mask=mask, cache=layer_cache, cache_index=cache_index, layout=layout)
-            new_cache.append(layer_cache)
-        return self.lm_logits(h[:, -1:])[:, 0], new_cache
-
-    def empty_cache(self, batch, length):
-        """The zero cache of `call_with_cache` for `length` positions: per layer (keys, values),
-        each [batch * n_head, length, head_dim] in the compute dtype."""
-        hp = self.hparams
-        shape = [batch * hp.n_head, length, hp.n_embd // hp.n_head]
-        return [(tf.zeros(shape, self.compute_dtype),) * 2 for _ in range(hp.n_layer)]
-
     def as_compute(self, variable):
         """A model-level variable in the compute dtype (Keras autocasts only inside `__call__`)."""
         return tf.cast(variable, self.compute_dtype)
@@ -588,24 +518,49 @@ class GPT2(keras.Model):
     def _logits_for_loss(self, y_pred):
         return y_pred["logits"] if isinstance(y_pred, dict) and not isinstance(self.loss, dict) else y_pred
 
-    def transposed_weights(self):
-        """Each block's four Conv1D weights copied as [nf, nx], for `call_with_cache`.
 
-        Same values, another memory layout, for the decoding steps of XLA-compiled generation
-        on a CPU, which spend their time reading the weights: XLA multiplies a few rows by a
-        [nx, nf] weight on one core, and by the [nf, nx] copy on all of them (README, Speed).
-        XLA only (it needs an optimization barrier)."""
-        return [tuple(tf.transpose(tf.reshape(self.as_compute(conv.w), [-1, conv.nf]))
-                      for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj))
-                for block in self.h]
+# ---- the loss -----------------------------------------------------------------------------
 
-    def split_layout(self, k):
-        """For `call_with_cache` at one row: each product as k over slices of nx, which XLA on
-        a CPU runs on all cores without copying any weight (README, Speed)."""
-        return [(k,) * 4] * self.hparams.n_layer
+def token_losses(labels, logits):
+    """Softmax cross-entropy of each position, in float32 whatever the logits' dtype: the
+    log-sum-exp of the logits less the label's logit, with the gradient written out (softmax
+    less one-hot), each one XLA program (as `gelu`'s gradient; inlined in an XLA step).
+    Outside XLA autodiff's gradient of the label's logit is a scatter into a zeroed
+    [positions, n_vocab] tensor (docs/performance.md). NaN for a label outside [0, n_vocab),
+    which `tf.gather` would clamp under XLA."""
+    labels = tf.cast(labels, tf.int32)
+    ok = tf.logical_and(labels >= 0, labels < tf.shape(logits)[-1])
+    labels = tf.where(ok, labels, 0)
 
-    def generate(self, prompts, length, **options):
-        """`sample.generate(self, prompts, length, **options)`: the compiled generation
-        functions are kept on the model (`self.generators`), so they are freed with it."""
-        from .sample import generate  # sample.py builds on this module
-        return generate(self, prompts, length, **options)
+    @tf.custom_gradient
+    def run(logits):
+        lse, losses = log_sum_exp_less_label(logits, labels)
+        return losses, lambda dy: token_losses_grad(dy, logits, lse, labels)
+    return tf.where(ok, run(logits), np.nan)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def log_sum_exp_less_label(logits, labels):
+    """(log-sum-exp of the logits, that less the label's logit) per position, in float32."""
+    x = tf.cast(logits, tf.float32)
+    lse = tf.reduce_logsumexp(x, axis=-1)
+    return lse, lse - tf.gather(x, labels, batch_dims=len(labels.shape))
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def token_losses_grad(dy, logits, lse, labels):
+    """dy * (softmax(logits) - one_hot(labels)), in the logits' dtype."""
+    probs = tf.exp(tf.cast(logits, tf.float32) - lse[..., None])
+    return tf.cast((probs - tf.one_hot(labels, tf.shape(logits)[-1], dtype=tf.float32)) * dy[..., None], logits.dtype)
+
+
+def lm_loss(labels, logits):
+    """The forks' loss: the mean cross-entropy of each position's logits against the next token
+    (`labels` = tokens[:, 1:] for logits of tokens[:, :-1]). A plain Keras loss for `fit`."""
+    return tf.reduce_mean(token_losses(labels, logits))
+
+
+def window_loss(model, tokens):
+    """The loss of windows [batch, length]: the model reads length - 1 tokens and predicts the
+    next of each (the forks read all `length` and drop the last position's logits: the same)."""
+    return lm_loss(tokens[:, 1:], model(tokens[:, :-1])["logits"])

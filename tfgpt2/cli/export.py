@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Export a GPT-2 model folder as a SavedModel for TensorFlow Serving (docs/serving.md).
 
-    python tools/export_saved_model.py --model_dir models/124M --export_dir exports/gpt2
+    tfgpt2 export --model_dir models/124M --export_dir exports/gpt2
     saved_model_cli show --dir exports/gpt2/1 --all
 
 Writes `<export_dir>/<version>/` with the signatures `serving_default` (logits) and
@@ -12,14 +11,12 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tfgpt2._cli import DTYPES  # noqa: E402
-from tfgpt2.encoder import EOT_TOKEN  # noqa: E402
-from tfgpt2.export import checkpoint_bytes, export_saved_model, folder_bytes  # noqa: E402
+from ..encoder import EOT_TOKEN
+from .common import DTYPES
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, prog="tfgpt2 export"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="a model folder (hparams.json, model.ckpt.*)")
     parser.add_argument("--export_dir", required=True, help="the model's base path for TF Serving")
     parser.add_argument("--version", type=int, default=1, help="version subfolder (default 1); never overwritten")
@@ -29,6 +26,7 @@ def main(argv=None):
                         help="the Keras dtype policy to export with: bfloat16 halves the variables (default float32)")
     parser.add_argument("--eot", type=int, default=EOT_TOKEN, help=f"the <|endoftext|> id (default {EOT_TOKEN})")
     args = parser.parse_args(argv)
+    from ..formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes
     start = time.perf_counter()
     try:
         path = export_saved_model(args.model_dir, args.export_dir, args.version,
@@ -40,7 +38,3 @@ def main(argv=None):
           f"(checkpoint {checkpoint_bytes(args.model_dir) / 1e6:.1f} MB), {folder_bytes(path) / 1e6:.1f} MB in all")
     print(f"inspect: saved_model_cli show --dir {path} --all")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

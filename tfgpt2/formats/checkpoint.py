@@ -8,15 +8,13 @@ variables, cast as they are read, so loading never holds a second copy of any we
 import glob
 import os
 import re
-import shutil
-import tempfile
 
 import tensorflow as tf
 
+from ..hparams import find_model_dir, load_hparams, save_hparams, variable_shapes
+from ..model import GPT2
 from . import bundle
-from .hparams import load_hparams, missing_model, save_hparams
-from .model import GPT2
-from .params import variable_shapes
+from .files import staging, write_text
 
 
 class CheckpointError(ValueError):
@@ -51,7 +49,8 @@ def _named_prefix(folder):
     return prefix
 
 
-def _open(prefix):
+def open_reader(prefix):
+    """`tf.train.load_checkpoint(prefix)`, its errors as CheckpointError naming the file."""
     try:
         return tf.train.load_checkpoint(prefix)
     except (tf.errors.OpError, ValueError) as e:
@@ -62,7 +61,7 @@ def _message(e):
     return getattr(e, "message", str(e)).strip().splitlines()[0]
 
 
-def _plan(stored, hparams, tie_embeddings, prefix):
+def plan_restore(stored, hparams, tie_embeddings, prefix):
     """Map each model variable to the checkpoint tensor it is read from, checking names and
     shapes. Optimizer slots (`.../Adam`) and `global_step` that fine-tuning leaves are ignored."""
     expected = variable_shapes(hparams, tie_embeddings=tie_embeddings)
@@ -91,7 +90,7 @@ def _plan(stored, hparams, tie_embeddings, prefix):
     return source
 
 
-def _index(prefix):
+def read_index(prefix):
     """`bundle.read_index(prefix)`, its errors as CheckpointError."""
     try:
         return bundle.read_index(prefix)
@@ -99,16 +98,8 @@ def _index(prefix):
         raise CheckpointError(f"{prefix}.index: cannot read the checkpoint: {e}") from None
 
 
-def _shapes(entries):
+def stored_shapes(entries):
     return {name: [d.size for d in entry.shape.dim] for name, entry in entries.items()}
-
-
-def load_weights(model, path):
-    """Read an original checkpoint (folder or prefix) into `model`'s variables, in blocks."""
-    prefix = checkpoint_prefix(path)
-    header, entries = _index(prefix)
-    return _restore(model, prefix, header, entries,
-                    _plan(_shapes(entries), model.hparams, model.tie_embeddings, prefix))
 
 
 def _restore(model, prefix, header, entries, source):
@@ -135,57 +126,34 @@ def _restore(model, prefix, header, entries, source):
     return model
 
 
-def find_model_dir(model, models_dir="models"):
-    """`model` if it is a folder, else the folder `<models_dir>/<model>` (a model name)."""
-    if os.path.isdir(model):
-        return model
-    path = os.path.join(models_dir, model)
-    if os.path.isdir(path):
-        return path
-    raise FileNotFoundError(missing_model(model, models_dir))
-
-
-def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, models_dir="models"):
+def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, remat=False, models_dir="models"):
     """Build `GPT2` from `<model_dir>/hparams.json` and load the original checkpoint into it.
 
     `model_dir` is a folder, or a model name ("124M") for `<models_dir>/<name>`.
     `checkpoint` (a folder or prefix) defaults to `model_dir`. The checkpoint's names and
     shapes are checked against the hparams before any weight is allocated. `dtype`: a Keras
     dtype policy ("bfloat16", "mixed_float16", ...); each tensor is cast as it is read.
+    `remat`: as `GPT2`'s (fine-tuning with less memory).
     """
     model_dir = find_model_dir(model_dir, models_dir)
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
-    header, entries = _index(prefix)
-    source = _plan(_shapes(entries), hparams, tie_embeddings, prefix)
-    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype)
+    header, entries = read_index(prefix)
+    source = plan_restore(stored_shapes(entries), hparams, tie_embeddings, prefix)
+    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype, remat=remat)
     return _restore(model, prefix, header, entries, source)
 
 
 def save_tensors(folder, name, tensors):
     """Write `tensors` (checkpoint name -> array or variable) as `<name>.index` and
-    `<name>.data-00000-of-00001` in `folder`, under a temporary folder first and moved in
-    when complete, so an interrupted save leaves no partial file under a final name."""
-    os.makedirs(folder, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=folder)
-    try:
+    `<name>.data-00000-of-00001` in `folder` (`files.staging`: never a partial file under a
+    final name)."""
+    with staging(folder, last=f"{name}.index") as tmp:
         names = sorted(tensors)
         tf.raw_ops.SaveV2(prefix=os.path.join(tmp, name), tensor_names=names,
                           shape_and_slices=[""] * len(names),
                           tensors=[tf.convert_to_tensor(tensors[n]) for n in names])
-        for filename in os.listdir(tmp):
-            os.replace(os.path.join(tmp, filename), os.path.join(folder, filename))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return os.path.join(folder, name)
-
-
-def write_atomic(path, text):
-    """`path` holds `text` once complete, and never part of it."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
@@ -194,7 +162,7 @@ def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
     that names them, each written whole under a temporary name."""
     save_tensors(model_dir, name, tensors)
     save_hparams(hparams, model_dir)
-    write_atomic(os.path.join(model_dir, "checkpoint"),
+    write_text(os.path.join(model_dir, "checkpoint"),
                  f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
     return os.path.join(model_dir, name)
 

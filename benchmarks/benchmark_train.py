@@ -30,7 +30,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tools.machine import describe  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 WORKERS = ["tfgpt2", "keras-hub", "transformers"]
 CANDIDATES = WORKERS + ["tfgpt2-float32"]  # tfgpt2's worker at float32 with XLA
 
@@ -70,7 +70,9 @@ def run_tfgpt2(args):
     import tensorflow as tf
     import keras
     from tfgpt2 import load_model
-    from tfgpt2.train import Trainer, make_optimizer, prefer_memory_schedule
+    from tfgpt2.train.optimizers import make_optimizer
+    from tfgpt2.train.step import Trainer
+    from tfgpt2.train.flags import prefer_memory_schedule
     if args.remat:
         prefer_memory_schedule()  # as tfgpt2.train --remat does
     model = load_model(args.model_dir, dtype=args.precision)

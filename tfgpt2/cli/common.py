@@ -1,32 +1,22 @@
-"""What the two sample scripts share: their flags, loading, sampling one batch, printing a
-sample, and ending without a traceback."""
+"""What the sample scripts share: their flags, loading a model folder, sampling one batch,
+printing a sample, and ending without a traceback."""
 import argparse
-import math
 import os
 import signal
 import sys
 
 from tqdm import tqdm
 
-import tfgpt2
-from .hparams import load_hparams, missing_model
+from ..hparams import find_model_dir, load_hparams
+from .args import Parser, ranged
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notices, before it is imported
 DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]  # Keras dtype policies
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with a usage error on one line (naming the flag and the value) instead of
-    the usage text before it."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def parser(module, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
+def parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
     """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot;
     --nsamples only where `nsamples` has a default."""
-    p = Parser(prog=f"python -m {module}", description=description,
+    p = Parser(prog=prog, description=description,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name", default="124M", help="which model: the folder <models_dir>/<model_name>")
     p.add_argument("--seed", type=ranged(int, 0, 2**32 - 1),
@@ -53,34 +43,19 @@ def parser(module, description, *, nsamples=None, nsamples_min=0, nsamples_help=
     return p
 
 
-def ranged(kind, low, high=None):
-    """An argparse type: a finite `kind` (int or float) from `low` to `high` (no limit if None)."""
-    def convert(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not math.isfinite(value) or value < low or (high is not None and value > high):
-            what = "an integer" if kind is int else "a number"
-            bounds = f">= {low}" if high is None else f"from {low} to {high}"
-            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text!r}")
-        return value
-    return convert
-
-
 def load(args, default_length):
     """The model, its encoder and the number of tokens to generate (`default_length(n_ctx)`
     without --length). Exits with a message for a length over n_ctx or an unusable folder."""
     models_dir = os.path.expanduser(os.path.expandvars(args.models_dir))
-    model_dir = os.path.join(models_dir, args.model_name)
     try:
-        if not os.path.isdir(model_dir):
-            raise FileNotFoundError(missing_model(args.model_name, models_dir))
+        model_dir = find_model_dir(os.path.join(models_dir, args.model_name))
         n_ctx = load_hparams(model_dir).n_ctx
         if args.length is not None and args.length > n_ctx:
             sys.exit(f"Can't get samples longer than window size: {n_ctx}")
-        enc = tfgpt2.get_encoder(args.model_name, models_dir)
-        model = tfgpt2.load_model(model_dir, dtype=args.dtype)
+        from ..encoder import get_encoder
+        from ..formats.checkpoint import load_model
+        enc = get_encoder(args.model_name, models_dir)
+        model = load_model(model_dir, dtype=args.dtype)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     return model, enc, default_length(n_ctx) if args.length is None else args.length
@@ -89,8 +64,9 @@ def load(args, default_length):
 def sample_batch(model, enc, args, length, context, batch):
     """The texts generated after `context` (token ids), one per row of the batch. With --seed,
     batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
+    from ..sample import sample_sequence
     with tqdm(total=length, unit="token", leave=False, position=1, disable=not sys.stderr.isatty()) as bar:
-        out = tfgpt2.sample_sequence(
+        out = sample_sequence(
             model=model, length=length, context=[context] * args.batch_size,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
@@ -110,10 +86,9 @@ def show(n, text):
     sys.stdout.flush()
 
 
-def run(main):
-    """Run main() as a command that Ctrl-C ends at once, even within a generation, as does a
-    closed stdout (`| head`): the default actions of SIGINT and SIGPIPE, no traceback."""
+def end_at_once():
+    """Ctrl-C ends the command at once, even within a generation, as does a closed stdout
+    (`| head`): the default actions of SIGINT and SIGPIPE, no traceback."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored (`&`)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main())

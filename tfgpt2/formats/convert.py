@@ -13,24 +13,22 @@ Every layout is read into the checkpoint's names and shapes (`model/h0/attn/c_at
 A folder is written under temporary names and its files renamed into place when all are
 complete, its config last.
 
-    python tools/convert.py --from hf --to openai path/to/gpt2-hf models/gpt2-hf
+    tfgpt2 convert --from hf --to openai path/to/gpt2-hf models/gpt2-hf
 """
 import json
 import os
 import shutil
-import tempfile
 import time
 
 import numpy as np
 
-from .encoder import EOT_TOKEN
-from .hparams import HParams, load_hparams, read_json_object
-from .params import variable_shapes
+from ..encoder import ASSETS_DIR, EOT_TOKEN, VOCAB_FILES
+from ..hparams import HParams, load_hparams, read_json_object, variable_shapes
+from .files import staging
 
 FORMATS = ("openai", "hf", "kerashub")
-ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 # Each layout's names for the vocabulary (encoder.json) and merges (vocab.bpe) files.
-VOCAB_FILES = {"openai": ("encoder.json", "vocab.bpe"), "hf": ("vocab.json", "merges.txt"),
+LAYOUT_VOCAB_FILES = {"openai": VOCAB_FILES, "hf": ("vocab.json", "merges.txt"),
                "kerashub": ("assets/tokenizer/vocabulary.json", "assets/tokenizer/merges.txt")}
 # The file whose presence marks a complete folder: renamed into place last.
 LAST = {"openai": "checkpoint", "hf": "config.json", "kerashub": "config.json"}
@@ -57,31 +55,26 @@ def write(hparams, tensors, folder, fmt, *, vocab=None):
     _check_format(fmt)
     check_tensors(hparams, tensors)
     if vocab is None and hparams.n_vocab == 50257:
-        vocab = [os.path.join(ASSETS, name) for name in VOCAB_FILES["openai"]]
-    os.makedirs(folder, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tmp-convert-", dir=folder)
-    try:
-        {"openai": write_openai, "hf": write_hf, "kerashub": write_kerashub}[fmt](hparams, tensors, staging)
-        for source, name in zip(vocab or (), VOCAB_FILES[fmt]):
-            os.makedirs(os.path.dirname(os.path.join(staging, name)), exist_ok=True)
-            shutil.copyfile(source, os.path.join(staging, name))
-        _publish(staging, folder, LAST[fmt])
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        vocab = [os.path.join(ASSETS_DIR, name) for name in VOCAB_FILES]
+    with staging(folder, last=LAST[fmt]) as tmp:
+        {"openai": write_openai, "hf": write_hf, "kerashub": write_kerashub}[fmt](hparams, tensors, tmp)
+        for source, name in zip(vocab or (), LAYOUT_VOCAB_FILES[fmt]):
+            os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
+            shutil.copyfile(source, os.path.join(tmp, name))
     return folder
 
 
 def convert(src, dst, *, src_format, dst_format):
     """Read `src` in one layout and write it to `dst` in another, vocabulary included."""
     hparams, tensors = read(src, src_format)
-    vocab = [os.path.join(src, name) for name in VOCAB_FILES[src_format]]
+    vocab = [os.path.join(src, name) for name in LAYOUT_VOCAB_FILES[src_format]]
     return write(hparams, tensors, dst, dst_format,
                  vocab=vocab if all(map(os.path.isfile, vocab)) else None)
 
 
 def load(folder, fmt):
     """A `GPT2` from a folder in layout `fmt` (untied where the folder has its own output layer)."""
-    from .model import GPT2
+    from ..model import GPT2
     hparams, tensors = read(folder, fmt)
     model = GPT2(hparams, tie_embeddings="model/out_head" not in tensors, initialize=False)
     for variable in model.weights:
@@ -113,15 +106,6 @@ def _some(items, sep=", ", n=8):
 def _check_format(fmt):
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {list(FORMATS)}")
-
-
-def _publish(staging, folder, last):
-    """Move every file under `staging` to the same place under `folder`, `last` at the end."""
-    files = [os.path.relpath(os.path.join(root, name), staging)
-             for root, _, names in os.walk(staging) for name in names]
-    for name in sorted(files, key=lambda f: f == last):
-        os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
-        os.replace(os.path.join(staging, name), os.path.join(folder, name))
 
 
 def _read_json(folder, name):
@@ -159,12 +143,12 @@ def _float32(value, where):
 # OpenAI's layout.
 
 def read_openai(folder):
-    from .checkpoint import _open, _plan, checkpoint_prefix
+    from .checkpoint import checkpoint_prefix, open_reader, plan_restore  # TensorFlow: only for this layout
     hparams = load_hparams(folder)
     prefix = checkpoint_prefix(folder)
-    reader = _open(prefix)
+    reader = open_reader(prefix)
     stored = reader.get_variable_to_shape_map()
-    source = _plan(stored, hparams, "model/out_head" not in stored, prefix)
+    source = plan_restore(stored, hparams, "model/out_head" not in stored, prefix)
     return hparams, {name: _float32(reader.get_tensor(src), f"{prefix}: {src}") for name, src in source.items()}
 
 

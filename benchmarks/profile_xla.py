@@ -26,7 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tools.machine import describe  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 GROUPS = ("block weights", "attention", "output layer", "optimizer", "other")
 
 
@@ -118,7 +118,8 @@ def generate_run(model, args):
 def train_run(model, args):
     import numpy as np
     import tensorflow as tf
-    from tfgpt2.train import Trainer, make_optimizer
+    from tfgpt2.train.optimizers import make_optimizer
+    from tfgpt2.train.step import Trainer
     trainer = Trainer(model, make_optimizer("adam", 2e-5))
     rng = np.random.default_rng(0)
     batches = [tf.constant(rng.integers(0, model.hparams.n_vocab, [args.batch, args.length + 1]), tf.int32)

@@ -37,7 +37,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tools.machine import describe  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 DEFAULT_REFERENCE = os.path.join(os.path.dirname(ROOT), "shared", "openai-gpt-2", "src")
 CANDIDATES = ["tfgpt2-xla", "tfgpt2", "reference", "keras-hub", "transformers"]
 
@@ -61,7 +61,7 @@ def tfgpt2_runner(args, jit_compile):
 
 
 def reference_runner(args):
-    from tfgpt2.reference import Reference
+    from tfgpt2.testing.reference import Reference
     ref = Reference(args.reference_src, args.model_dir)
 
     def run(context, length, repeats):

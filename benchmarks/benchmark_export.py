@@ -22,11 +22,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
-from tfgpt2.checkpoint import load_model  # noqa: E402
-from tfgpt2.export import checkpoint_bytes, export_saved_model, folder_bytes  # noqa: E402
+from tfgpt2.formats.checkpoint import load_model  # noqa: E402
+from tfgpt2.formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes  # noqa: E402
 from tfgpt2.hparams import published_hparams  # noqa: E402
 from tfgpt2.sample import generate  # noqa: E402
-from tools.make_checkpoint import make_checkpoint  # noqa: E402
+from tfgpt2.testing.checkpoints import make_checkpoint  # noqa: E402
 
 
 def paths(model, saved_model, *, top_k, seed=0):

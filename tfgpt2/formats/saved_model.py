@@ -11,20 +11,27 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
   given, then the new tokens, `eot` after a row stops) and `lengths` int32 [batch], the new
   tokens per row (fewer than max_new_tokens only where the export stops at eot).
 
-`generate` runs the library's planner and checks (`sample.check_request`, `sample.plan`,
-`sample.transpose_pays`) as graph ops before the XLA-compiled `Generator.generate_padded`
-(XLA would clamp bad ids silently), which XLA compiles once per (batch, prompt bucket, total
-bucket).
+`generate` runs the library's planner and checks (`decoding.plan`) as graph ops before the
+XLA-compiled loop (`decoding.loop`; XLA would clamp bad ids silently), which XLA compiles once
+per (batch, prompt bucket, total bucket).
+
+Devices: the CPU weight layouts (`decoding.layouts`) are built into the graph when the export
+runs where no GPU is visible, and left out where one is. Either SavedModel computes the same
+numbers on either device; one exported on a CPU runs on a GPU with the CPU layouts (correct,
+not the fastest there), so export on the device kind you serve from.
 """
 import glob
 import os
-import shutil
 
 import tensorflow as tf
 
+from ..decoding import layouts
+from ..decoding.loop import Generator
+from ..decoding.plan import check_request, plan
+from ..encoder import EOT_TOKEN
+from ..sample import choose
 from .checkpoint import checkpoint_prefix, load_model
-from .encoder import EOT_TOKEN
-from .sample import Generator, check_request, plan, transpose_pays
+from .files import new_folder
 
 SCALARS = {"max_new_tokens": tf.int32, "temperature": tf.float32, "top_k": tf.int32,
            "top_p": tf.float32, "seed": tf.int64}
@@ -52,9 +59,8 @@ class Serving(tf.Module):
     """The model's variables, each once (the tied `wte` too), and the two signatures.
 
     The model and its `Generator` are held where `tf.Module` does not track them, so the
-    SavedModel stores plain variables, not the Keras objects. Whether `generate` uses the
-    transposed weights (`sample.transpose_pays`) is decided for the device the model is
-    exported from.
+    SavedModel stores plain variables, not the Keras objects. Whether `generate` can use the
+    CPU weight layouts (`layouts.transpose_pays`) is decided for the device it is exported on.
     """
 
     def __init__(self, model, *, stop_at_eot=False, eot=EOT_TOKEN):
@@ -62,7 +68,8 @@ class Serving(tf.Module):
         if not 0 <= eot < model.hparams.n_vocab:
             raise ValueError(f"eot {eot} is not a token id of this model (n_vocab={model.hparams.n_vocab})")
         self.weights = {v.path: v.value for v in model.weights}
-        self._generator = Generator(model, jit_compile=True)
+        self._generator = Generator(model, choose, jit_compile=True)
+        self._cpu = layouts.on_cpu()
         self._stop_at_eot, self._eot = stop_at_eot, eot
 
     @tf.function(input_signature=[IDS])
@@ -83,9 +90,12 @@ class Serving(tf.Module):
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
         args = (prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
                 temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
-        tokens, lengths = tf.cond(transpose_pays(max_new_tokens, on_cpu=generator.on_cpu),
-                                  lambda: generator.generate_padded(generator.transposed(), *args),
-                                  lambda: generator.generate_padded(None, *args))
+        if self._cpu:
+            tokens, lengths = tf.cond(layouts.transpose_pays(max_new_tokens, cpu=True),
+                                      lambda: generator.generate_padded(generator.transposed(), *args),
+                                      lambda: generator.generate_padded(None, *args))
+        else:
+            tokens, lengths = generator.generate_padded(None, *args)
         new = tokens[:, prompt_len:prompt_len + max_new_tokens]
         new = tf.where(tf.range(max_new_tokens)[None] < lengths[:, None], new, self._eot)
         return {"output_ids": tf.concat([input_ids, new], axis=1), "lengths": lengths}
@@ -128,14 +138,9 @@ def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot
     model = load_model(model_dir_or_model, dtype=dtype) if isinstance(model_dir_or_model, (str, os.PathLike)) \
         else model_dir_or_model
     module = Serving(model, stop_at_eot=stop_at_eot, eot=eot)
-    tmp = os.path.join(export_dir, f".tmp-{int(version)}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with new_folder(target) as tmp:
         tf.saved_model.save(module, tmp, signatures={"serving_default": module.logits,
                                                      "generate": module.generate})
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

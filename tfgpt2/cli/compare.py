@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
 """Run OpenAI's original src/ and tfgpt2 on the same checkpoint and prompt, and show where and
 by how much they differ: logits, `present` and each block's output, top-5 tokens at every
 position, greedy continuations from both, and the time each took.
 
-    python tools/compare_reference.py --model_dir models/124M --reference_src ../gpt-2/src \\
+    tfgpt2 compare --model_dir models/124M --reference_src ../gpt-2/src \\
         --prompt "Every effort moves you" --length 20
 
 Exit status 0 when logits, present and every block are within tolerance, 1 otherwise.
-The original runs in a child process (see tfgpt2/reference.py); this process stays TF2.
+The original runs in a child process (`tfgpt2.testing.reference`); this process stays TF2.
 """
 import argparse
 import os
@@ -15,13 +14,12 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tfgpt2 import compare  # noqa: E402
-from tfgpt2._cli import Parser, ranged  # noqa: E402
+from ..testing import compare
+from .args import Parser, ranged
 
 
-def parse_args(argv):
-    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv, prog="tfgpt2 compare"):
+    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="a model folder (hparams.json, checkpoint, vocabulary)")
     parser.add_argument("--reference_src", required=True, type=reference_src,
                         help="src/ of a clone of OpenAI's gpt-2 repository")
@@ -58,11 +56,11 @@ def fits(tokens, length, n_ctx):
     return None
 
 
-def main(argv=None):
+def main(argv=None, prog="tfgpt2 compare"):
     args = parse_args(argv)
-    from tfgpt2.checkpoint import load_model
-    from tfgpt2.encoder import get_encoder
-    from tfgpt2.reference import Reference, ReferenceError
+    from ..encoder import get_encoder
+    from ..formats.checkpoint import load_model
+    from ..testing.reference import Reference, ReferenceError
 
     model_dir = os.path.normpath(args.model_dir)
     try:
@@ -90,7 +88,3 @@ def main(argv=None):
           f"{tokens.shape[1]} prompt tokens" + (f", {args.perturb} perturbed" if args.perturb else ""))
     print(compare.report(comparison, encoder.decode))
     return 0 if comparison.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,25 +1,22 @@
-#!/usr/bin/env python3
 """Convert GPT-2 weights between OpenAI's layout, Hugging Face's and KerasHub presets.
 
-    python tools/convert.py --from openai --to hf models/124M exports/gpt2-hf
-    python tools/convert.py --from hf --to openai path/to/gpt2-hf models/gpt2-hf
-    python tools/convert.py --from openai --to kerashub models/124M exports/gpt2-kerashub
+    tfgpt2 convert --from openai --to hf models/124M exports/gpt2-hf
+    tfgpt2 convert --from hf --to openai path/to/gpt2-hf models/gpt2-hf
+    tfgpt2 convert --from openai --to kerashub models/124M exports/gpt2-kerashub
 
 openai: hparams.json + model.ckpt.* (SRC may be a model name: models/<name>);
 hf: config.json + model.safetensors (never pytorch_model.bin);
 kerashub: a preset folder for keras_hub.models.GPT2CausalLM.from_preset.
 """
 import argparse
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tfgpt2.convert import FORMATS, convert  # noqa: E402
+from ..formats.convert import FORMATS, convert
+from ..hparams import find_model_dir
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, prog="tfgpt2 convert"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="src_format", required=True, choices=FORMATS, help="SRC's layout")
     parser.add_argument("--to", dest="dst_format", required=True, choices=FORMATS, help="DST's layout")
     parser.add_argument("--models_dir", default="models", help="where a model name in SRC is looked up (openai)")
@@ -29,14 +26,9 @@ def main(argv=None):
     try:
         src = args.src
         if args.src_format == "openai":
-            from tfgpt2.checkpoint import find_model_dir
             src = find_model_dir(src, args.models_dir)
         convert(src, args.dst, src_format=args.src_format, dst_format=args.dst_format)
     except (OSError, ValueError) as e:
         parser.exit(1, f"error: {e}\n")
     print(f"wrote {args.dst} ({args.dst_format}) from {src} ({args.src_format})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,8 +24,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tools.benchmark_train import has_modules, hf_python  # noqa: E402
-from tools.machine import describe  # noqa: E402
+from benchmarks.benchmark_train import has_modules, hf_python  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 
 
 def gflops(product, args):

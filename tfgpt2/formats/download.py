@@ -1,7 +1,5 @@
-"""Download a GPT-2 checkpoint from OpenAI's public storage, as the original download_model.py.
-
-    python tools/download_model.py 124M [--models_dir models] [--base_url URL]
-
+"""Download a GPT-2 checkpoint from OpenAI's public storage, as the original download_model.py
+(`tfgpt2 download 124M [--models_dir models] [--base_url URL]`):
 fills models/124M/ with the seven files of <base_url>/models/124M/.  Each file is written to
 <file>.part and renamed once its size equals the server's Content-Length, so a file under its
 final name is complete.  A rerun skips the files whose size matches a HEAD request's
@@ -11,7 +9,6 @@ server cannot be reached at all, a rerun keeps the files it finds under their fi
 (unchecked, with a note) and fails only for a missing one.
 """
 
-import argparse
 import os
 import re
 import sys
@@ -130,24 +127,3 @@ def _reason(error):
     while error.__context__ is not None:
         error = error.__context__
     return ' '.join(str(error).split())
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('model_name', help=', '.join(MODEL_NAMES))
-    parser.add_argument('--models_dir', default='models', help='default: %(default)s')
-    parser.add_argument('--base_url', default=BASE_URL, help='default: %(default)s')
-    args = parser.parse_args(argv)
-    try:
-        download_model(args.model_name, args.models_dir, args.base_url)
-    except (DownloadError, OSError) as e:
-        print(f'download_model.py: error: {e}', file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print('download_model.py: interrupted; rerun to resume', file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == '__main__':
-    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `tfgpt2` command (`main`): one module per subcommand, each with `main(argv, prog)`."""

@@ -1,0 +1,31 @@
+"""Download one of OpenAI's GPT-2 checkpoints into <models_dir>/<model_name>, as the original
+download_model.py does:
+
+    tfgpt2 download 124M
+    tfgpt2 download 355M --models_dir models
+
+Each file is written to <file>.part and renamed once complete; a rerun skips the files already
+whole and resumes a .part file where the server allows it.
+"""
+import argparse
+import sys
+
+from ..formats.download import BASE_URL, MODEL_NAMES, DownloadError, download_model
+
+
+def main(argv=None, prog="tfgpt2 download"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('model_name', help=', '.join(MODEL_NAMES))
+    parser.add_argument('--models_dir', default='models', help='default: %(default)s')
+    parser.add_argument('--base_url', default=BASE_URL, help='default: %(default)s')
+    args = parser.parse_args(argv)
+    try:
+        download_model(args.model_name, args.models_dir, args.base_url)
+    except (DownloadError, OSError) as e:
+        print(f'{prog}: error: {e}', file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f'{prog}: interrupted; rerun to resume', file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,73 @@
+"""`tfgpt2 <command> ...`: every command a user runs, one module each in this folder.
+
+TensorFlow is imported only by the commands that need it, after `quiet()` has hidden its
+start-up notices (they go to stderr before any flag could be read)."""
+import importlib
+import logging
+import os
+import sys
+
+# name: (module in tfgpt2.cli, one line for `tfgpt2 --help`)
+COMMANDS = {
+    "download": ("download", "fetch one of OpenAI's checkpoints (124M, 355M, 774M, 1558M) into models/"),
+    "make-checkpoint": ("make_checkpoint", "write random weights in the original layout, for offline use"),
+    "generate": ("generate", "sample text, as OpenAI's generate_unconditional_samples.py (--prompt to continue one)"),
+    "interactive": ("interactive", "continue prompts typed or piped in, as interactive_conditional_samples.py"),
+    "generate-batch": ("generate_batch", "continue every prompt of a JSONL file, resumable, over several workers"),
+    "train": ("train", "fine-tune on your text with the forks' train.py flags (run folders, resume)"),
+    "evaluate": ("evaluate", "loss, perplexity and bits per byte of a model over a text"),
+    "encode": ("encode", "pre-encode a corpus into an .npz of token chunks, as the forks' encode.py"),
+    "export": ("export", "export a SavedModel for TensorFlow Serving (logits and XLA generation)"),
+    "convert": ("convert", "convert weights between OpenAI's, Hugging Face's and KerasHub's layouts"),
+    "compare": ("compare", "run OpenAI's original code beside tfgpt2 and show where they differ"),
+    "params": ("params", "parameter counts, part by part"),
+}
+
+
+class _ExpectedRetracing(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning for the generation loop,
+    which compiles once per length bucket by design."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not ("retracing" in message and "Generator." in message)
+
+
+def quiet():
+    """What a command sets for its own process: TensorFlow's C++ notices off (unless the user set
+    TF_CPP_MIN_LOG_LEVEL), and no retracing warnings for generation."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.getLogger("tensorflow").addFilter(_ExpectedRetracing())
+
+
+def usage():
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help}" for name, (_, help) in COMMANDS.items()]
+    return ("usage: tfgpt2 <command> [options]   (tfgpt2 <command> --help for its options and examples)\n\n"
+            "OpenAI's GPT-2 in TensorFlow 2 / Keras 3.\n\ncommands:\n" + "\n".join(lines) + "\n")
+
+
+def run_command(name, argv=None, *, prog=None):
+    """Run command `name` on `argv` (default: the process's arguments) and exit with its status."""
+    quiet()
+    module = importlib.import_module(f"tfgpt2.cli.{COMMANDS[name][0]}")
+    sys.exit(module.main(sys.argv[1:] if argv is None else argv, prog=prog or f"tfgpt2 {name}"))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from importlib.metadata import version
+        print(f"tfgpt2 {version('tfgpt2')}")
+        return 0
+    if argv[0] not in COMMANDS:
+        sys.stderr.write(f"tfgpt2: unknown command {argv[0]!r}\n\n" + usage())
+        return 2
+    run_command(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

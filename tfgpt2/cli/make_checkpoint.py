@@ -1,0 +1,33 @@
+"""Write a random-weight GPT-2 model folder in the exact layout OpenAI publishes, for offline
+use and tests: everything works on it as on a download, with meaningless text.
+
+    tfgpt2 make-checkpoint 124M --models_dir models --std 0.1 --seed 0
+    tfgpt2 make-checkpoint tiny --hparams '{"n_vocab": 50257, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_layer": 2}'
+
+Weights are N(0, std) (LayerNorm gains 1 + N(0, std)). The vocabulary files are copied in.
+"""
+import argparse
+import json
+import os
+
+from ..hparams import PUBLISHED, default_hparams, published_hparams
+from .args import ranged
+
+
+def main(argv=None, prog="tfgpt2 make-checkpoint"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_name", help=f"folder name; one of {list(PUBLISHED)} gives that size's hparams")
+    parser.add_argument("--models_dir", default="models")
+    parser.add_argument("--hparams", help="JSON object overriding the hparams (n_vocab, n_ctx, n_embd, n_head, n_layer)")
+    parser.add_argument("--std", type=ranged(float, 0), default=0.1, help="the weights' standard deviation (default 0.1)")
+    parser.add_argument("--seed", type=ranged(int, 0), default=0)
+    parser.add_argument("--untied", action="store_true", help="add a separate output layer model/out_head")
+    args = parser.parse_args(argv)
+    hparams = published_hparams(args.model_name) if args.model_name in PUBLISHED else \
+        default_hparams().override_from_dict({"n_vocab": 50257})
+    if args.hparams:
+        hparams.override_from_dict(json.loads(args.hparams))
+    model_dir = os.path.join(args.models_dir, args.model_name)
+    from ..testing.checkpoints import make_checkpoint
+    make_checkpoint(model_dir, hparams, std=args.std, seed=args.seed, tie_embeddings=not args.untied)
+    print(f"wrote {model_dir} ({hparams.values()}, std {args.std}, seed {args.seed})")

@@ -1,0 +1,95 @@
+"""The model's blocks over a fixed-size key/value cache written in place, for generation.
+
+`model.py`'s `GPT2.call(X, past)` concatenates `past`, so every step has new shapes. Here each
+layer's keys and values live in a buffer [batch * n_head, T_max, head_dim] that each step writes
+at an index (in place inside an XLA loop), with left padding per row. The layers, the mask and
+the softmax are the model's own; only the order of the calls is written again. `layouts`
+(`layouts.py`) change how the block weights are multiplied, never the numbers.
+"""
+import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla
+
+from ..model import attention_mask, attn_probs, gelu, positions_for, shape_list
+
+
+def empty_cache(model, batch, length):
+    """The zero cache for `length` positions: per layer (keys, values), each
+    [batch * n_head, length, head_dim] in the model's compute dtype (separate tensors, so that
+    XLA updates each in place)."""
+    hp = model.hparams
+    shape = [batch * hp.n_head, length, hp.n_embd // hp.n_head]
+    return [(tf.zeros(shape, model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
+
+
+def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None):
+    """X [batch, T] through the blocks over `cache` (`empty_cache`), X's keys and values written
+    at slot `cache_index`. `pad` [batch] counts each row's left-padding slots. `layouts`: one
+    per block (`layouts.transposed` or `layouts.split`), or None.
+
+    Returns the logits of the last position [batch, n_vocab] (all that generation needs) and the
+    updated cache. Inputs are not checked here: `plan.check_request` checks them before XLA."""
+    sequence = shape_list(X)[1]
+    positions = positions_for(X, cache_index, pad)
+    h = tf.gather(model.as_compute(model.wte), X) + tf.gather(model.as_compute(model.wpe), positions)
+    mask = attention_mask(sequence, shape_list(cache[0][0])[1], dtype=h.dtype, offset=cache_index, pad=pad)
+    new_cache = []
+    for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
+        h, layer_cache = block_with_cache(block, h, mask, layer_cache, cache_index, layout)
+        new_cache.append(layer_cache)
+    return model.lm_logits(h[:, -1:])[:, 0], new_cache
+
+
+def block_with_cache(block, x, mask, cache, cache_index, layout):
+    """`Block.call` over the cache: (x after the block, the updated (keys, values)). Named as
+    the layers (`h0/attn/...`), for profiles."""
+    attn, mlp = block.attn, block.mlp
+    with tf.name_scope(block.name), tf.name_scope(attn.name):
+        c = project(attn.c_attn, block.ln_1(x), layout[0])
+        q, k, v = map(attn.split_heads, tf.split(c, 3, axis=2))
+        cache = tuple(write_cache(old, tf.reshape(new, [-1] + shape_list(new)[2:]), cache_index)
+                      for old, new in zip(cache, (k, v)))
+        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, *cache, mask)), layout[1])
+    x = x + a
+    with tf.name_scope(block.name), tf.name_scope(mlp.name):
+        m = project(mlp.c_proj, gelu(project(mlp.c_fc, block.ln_2(x), layout[2])), layout[3])
+    return x + m, cache
+
+
+def project(conv, x, layout):
+    """`conv(x)`, the weight multiplied as `layout` says: None, the layer as it is; an int k
+    (one row only), k products over slices of nx; a tensor, the weight copied as [nf, nx]."""
+    if layout is None:
+        return conv(x)
+    with tf.name_scope(conv.name):  # named as the layer's own product, for profiles
+        *start, nx = shape_list(x)
+        x = tf.reshape(x, [-1, nx])
+        w = tf.cast(conv.w, x.dtype)
+        if isinstance(layout, int) and x.shape[0] == 1 and nx % layout == 0:
+            # At a few rows XLA on a CPU runs x @ w on one core; a batched product (w as
+            # [k, nx / k, nf], the same memory) runs on all of them, without a copy.
+            parts = tf.transpose(tf.reshape(x, [1, layout, nx // layout]), [1, 0, 2])
+            y = tf.reduce_sum(tf.matmul(parts, tf.reshape(w, [layout, nx // layout, conv.nf])), 0)
+        elif isinstance(layout, int):
+            y = tf.matmul(x, tf.reshape(w, [-1, conv.nf]))
+        else:
+            # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight. The
+            # barrier keeps XLA from rewriting it back into x @ w.
+            y = tf.transpose(xla.optimization_barrier(tf.matmul(layout, x, transpose_b=True))[0])
+        return tf.reshape(y + tf.cast(conv.b, x.dtype), start + [conv.nf])
+
+
+def write_cache(cache, update, index):
+    """cache[:, index:index+n] = update, for cache [batch * heads, T, features]; under XLA in
+    place in the loop's buffer."""
+    return xla.dynamic_update_slice(cache, update, tf.stack([0, index, 0]))
+
+
+def cached_attn(q, k, v, mask):
+    """`multihead_attn` over the cache: q [batch, heads, n, features], k and v
+    [batch * heads, T, features]. The products read the cache as it is: a reshape of it
+    between its update and a product makes XLA copy the whole cache at every step."""
+    batch, heads, n, features = shape_list(q)
+    w = tf.matmul(tf.reshape(q, [batch * heads, n, features]), k, transpose_b=True)
+    w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
+    a = tf.matmul(tf.reshape(w, [batch * heads, n, -1]), v)
+    return tf.reshape(a, [batch, heads, n, features])

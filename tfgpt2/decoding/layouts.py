@@ -1,0 +1,41 @@
+"""How the decoding steps multiply a few rows by the block weights, for XLA on a CPU.
+
+Decoding spends its time reading the weights. XLA's CPU backend multiplies a few rows by a
+[nx, nf] weight on one core; by a copy of it as [nf, nx] (`transposed`), or as k products over
+slices of nx at one row (`split`, no copy), on all of them (docs/performance.md). On a GPU the
+layer's own product is the fast one, so none of this is used there. Same numbers either way.
+"""
+import tensorflow as tf
+
+TRANSPOSE_FROM = 16  # new tokens from which another layout repays its copy
+SPLIT_K = 8          # at batch 1, into how many products over slices of nx
+
+
+def on_cpu():
+    """Whether TensorFlow runs on the CPU here (no GPU visible): decided where a layout is
+    chosen, each call, never stored."""
+    return not tf.config.list_logical_devices("GPU")
+
+
+def transpose_pays(length, *, cpu, jit_compile=True):
+    """Whether decoding `length` new tokens uses another layout: on a CPU, under XLA, from
+    TRANSPOSE_FROM new tokens on (above batch 1 they repay the copy: 340 MB for 124M, freed
+    after the call). `length` may be a tensor."""
+    return tf.logical_and(bool(cpu and jit_compile), length >= TRANSPOSE_FROM)
+
+
+def transposed(model):
+    """Each block's four Conv1D weights copied as [nf, nx] (XLA only: the product that reads
+    them needs an optimization barrier)."""
+    return [tuple(tf.transpose(tf.reshape(model.as_compute(conv.w), [-1, conv.nf])) for conv in convs(block))
+            for block in model.h]
+
+
+def split(model, k=SPLIT_K):
+    """At one row: each product as k over slices of nx, without copying any weight."""
+    return [(k,) * 4] * len(model.h)
+
+
+def convs(block):
+    """A block's four Conv1D layers, in the order `cache.block_with_cache` uses a layout's."""
+    return (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)

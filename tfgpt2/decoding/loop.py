@@ -1,0 +1,104 @@
+"""The compiled generation loop, kept on the model (`generator_for`).
+
+The original's `sample_sequence` as one `tf.function` (XLA when `jit_compile`): the prompt but
+its last token fills the cache, then a `tf.while_loop` feeds back one token at a time, picked
+by the `choose` it is given (`tfgpt2.sample.choose`), writing each into a token buffer, until
+`length` new tokens or every row has stopped.
+"""
+import tensorflow as tf
+
+from ..model import shape_list
+from . import layouts
+from .cache import call_with_cache, empty_cache
+
+
+class Generator:
+    """The compiled generation loop for one model, kept on it (`generator_for`).
+
+    `generate_padded` runs a whole generation as one `tf.function` (XLA when `jit_compile`)
+    over left-padded prompts. `start` (the prompt but its last token) and `resume` (new
+    tokens, up to a count) run it in pieces, to report progress between them. Each takes the
+    layout of the block weights first (`weights_for`). `choose(logits, *, temperature, top_k,
+    top_p, seed, filters)` picks each row's token. `traces` counts how often any of them was
+    traced, that is compiled.
+    """
+
+    def __init__(self, model, choose, *, jit_compile=True):
+        self.model, self.choose = model, choose
+        self.jit_compile = jit_compile
+        self.traces = 0
+        self.generate_padded, self.start, self.resume = (
+            tf.function(self._counted(f), jit_compile=jit_compile) for f in (self._generate, self._start, self._resume))
+        self.transposed = tf.function(lambda: layouts.transposed(model))
+
+    def _counted(self, f):
+        def traced(*args):
+            self.traces += 1
+            return f(*args)
+        return traced
+
+    def weights_for(self, length, batch):
+        """Where `layouts.transpose_pays` (on a CPU, under XLA): at batch 1
+        `layouts.split` (no copy, and faster there), at more rows `transposed()`. Else None."""
+        if not bool(layouts.transpose_pays(length, cpu=layouts.on_cpu(), jit_compile=self.jit_compile)):
+            return None
+        return layouts.split(self.model) if batch == 1 else self.transposed()
+
+    def _generate(self, weights, prompt, pad, tokens, length, *options):
+        """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
+        whose width T (>= P + length) sizes the cache. `options` are temperature, top_k, top_p,
+        seed, eot, stop_at_eot and, optionally, `choose`'s filters. Returns tokens with the
+        prompt and up to `length` new tokens after it (eot after a row stops), and each row's
+        count of new tokens."""
+        state = self._start(weights, prompt, pad, tokens, *options)
+        state = self._resume(weights, state, pad, shape_list(prompt)[1], length, *options)
+        return state["tokens"], state["lengths"]
+
+    def _start(self, weights, prompt, pad, tokens, *options):
+        """The prompt but its last token through the model, as the original's
+        `sample_sequence`: the state `_resume` continues from that token, so that the sampler
+        is compiled once, in the loop."""
+        batch, prompt_len = shape_list(prompt)
+        cache = empty_cache(self.model, batch, shape_list(tokens)[1])
+        if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `plan.plan`
+            _, cache = call_with_cache(self.model, prompt[:, :-1], cache, 0, pad=pad, layouts=weights)
+        return dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
+                    tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
+                    done=tf.zeros([batch], tf.bool), lengths=tf.zeros([batch], tf.int32))
+
+    def _resume(self, weights, state, pad, prompt_len, until, *options):
+        """Generate from `state` until `until` new tokens, or until every row has stopped."""
+        def body(state):
+            logits, cache = call_with_cache(self.model, state["token"][:, None], state["cache"],
+                                            prompt_len + state["i"] - 1, pad=pad, layouts=weights)
+            return (self._pick(dict(state, cache=cache), logits, prompt_len, *options),)
+
+        def cond(state):
+            return tf.logical_and(state["i"] < until, tf.logical_not(tf.reduce_all(state["done"])))
+        return tf.while_loop(cond, body, (state,))[0]
+
+    def _pick(self, state, logits, prompt_len, temperature, top_k, top_p, seed, eot, stop_at_eot,
+              filters=(True, True)):
+        """New token number i (eot for rows already stopped), written after the prompt."""
+        i, done = state["i"], state["done"]
+        token = self.choose(logits, temperature=tf.cast(temperature, tf.float32), top_k=top_k, top_p=top_p,
+                            seed=tf.stack([seed, tf.cast(i, tf.int64)]), filters=filters)
+        token = tf.where(done, eot, token)
+        tokens = tf.tensor_scatter_nd_update(state["tokens"], _column(token, prompt_len + i), token)
+        return dict(state, i=i + 1, token=token, tokens=tokens,
+                    lengths=state["lengths"] + tf.cast(tf.logical_not(done), tf.int32),
+                    done=tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot))))
+
+
+def _column(values, index):
+    """Scatter indices of column `index` for one value per row."""
+    batch = tf.shape(values)[0]
+    return tf.stack([tf.range(batch), tf.fill([batch], index)], axis=1)
+
+
+def generator_for(model, choose, *, jit_compile=True):
+    """The model's `Generator`, kept in `model.generators` so that it lives and dies with the
+    model (compiles are reused across calls)."""
+    if jit_compile not in model.generators:
+        model.generators[jit_compile] = Generator(model, choose, jit_compile=jit_compile)
+    return model.generators[jit_compile]

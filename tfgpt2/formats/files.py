@@ -1,0 +1,66 @@
+"""The one way tfgpt2 writes a file or a folder: under a temporary name beside it, moved to its
+final name only when complete, so that an interrupted write never leaves part of a file under
+a name that a reader (OpenAI's code, TF Serving, a resumed run) would take for whole."""
+import contextlib
+import os
+import shutil
+import tempfile
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """A temporary path beside `path` (same suffix) to write; moved to `path` when the block
+    ends without error, else removed."""
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path, text):
+    """`path` holds `text` once complete, and never part of it."""
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def copy_file(source, path):
+    with replacing(path) as tmp:
+        shutil.copyfile(source, tmp)
+
+
+@contextlib.contextmanager
+def staging(folder, *, last=None):
+    """A temporary folder inside `folder` to write files into; when the block ends without
+    error each moves to the same place in `folder`, `last` (a relative path) at the end, so
+    that its presence says the rest is there. Removed in any case."""
+    os.makedirs(folder, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=folder)
+    try:
+        yield tmp
+        files = [os.path.relpath(os.path.join(root, name), tmp) for root, _, names in os.walk(tmp) for name in names]
+        for name in sorted(files, key=lambda f: f == last):
+            os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def new_folder(path):
+    """A temporary folder beside `path` to fill; renamed to `path` when the block ends without
+    error (a server watching the parent never sees it half written). `path` must not exist."""
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} exists; choose another name or remove it")
+    parent, name = os.path.split(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
+    try:
+        yield tmp
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,132 @@
+"""The run folder `checkpoint/<run_name>/`, gpt-2-simple's: `model-<step>.*` in OpenAI's
+variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`, `counter`,
+`hparams.json`, `encoder.json`, `vocab.bpe`, TensorBoard events; and `optimizer-<step>.*`
+beside the latest model, `best.json` where validation runs, `samples-<step>.txt`."""
+import glob
+import json
+import os
+
+import tensorflow as tf
+
+from ..encoder import ASSETS_DIR, VOCAB_FILES
+from ..formats.checkpoint import checkpoint_prefix, save_tensors
+from ..formats.files import copy_file, write_text
+from ..hparams import load_hparams, save_hparams
+
+
+def _step_of(prefix):
+    """The step in a `model-<step>` prefix, else the `counter` beside it (gpt-2-simple's), else 0."""
+    tail = os.path.basename(prefix).rsplit("-", 1)[-1]
+    if tail.isdigit():
+        return int(tail)
+    counter = os.path.join(os.path.dirname(prefix), "counter")
+    return int(open(counter).read().strip() or 0) if os.path.isfile(counter) else 0
+
+
+def checkpoint_steps(run_dir):
+    """Steps of the model-<step> checkpoints the run folder's `checkpoint` file names."""
+    state = tf.train.get_checkpoint_state(run_dir)
+    paths = state.all_model_checkpoint_paths if state else []
+    return [_step_of(p) for p in paths]
+
+
+def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=()):
+    """Save step `step`: optimizer state, then the weights, then the `checkpoint` file that
+    names them (so an interrupt never leaves a half-written checkpoint named there) and
+    `counter`. Older checkpoints beyond `max_checkpoints` go, except the steps in `keep`;
+    optimizer state is kept for the latest only."""
+    save_tensors(run_dir, f"optimizer-{step}",
+                 {f"optimizer/{i}": v for i, v in enumerate(optimizer_state(optimizer))})
+    save_tensors(run_dir, f"model-{step}", {v.path: v for v in model.weights})
+    steps = sorted(set(checkpoint_steps(run_dir)) - {step}) + [step]
+    kept = [s for i, s in enumerate(steps) if i >= len(steps) - max_checkpoints or s in keep]
+    lines = [f'model_checkpoint_path: "model-{step}"']
+    lines += [f'all_model_checkpoint_paths: "model-{s}"' for s in kept]
+    write_text(os.path.join(run_dir, "checkpoint"), "\n".join(lines) + "\n")
+    write_text(os.path.join(run_dir, "counter"), f"{step}\n")
+    for path in glob.glob(os.path.join(run_dir, "model-*.*")) + glob.glob(os.path.join(run_dir, "optimizer-*.*")):
+        kind, s = os.path.basename(path).split(".")[0].split("-")
+        if int(s) not in kept or (kind == "optimizer" and int(s) != step):
+            os.remove(path)
+
+
+def optimizer_state(optimizer):
+    """The optimizer's variables but its learning rate, which comes from the flags."""
+    return [v for v in optimizer.variables if v.name != "learning_rate"]
+
+
+def restore_optimizer(optimizer, run_dir, step):
+    """Optimizer state from `optimizer-<step>` beside the weights; False where there is none."""
+    prefix = os.path.join(run_dir, f"optimizer-{step}")
+    if not os.path.isfile(prefix + ".index"):
+        return False
+    reader = tf.train.load_checkpoint(prefix)
+    shapes = reader.get_variable_to_shape_map()
+    state = optimizer_state(optimizer)
+    if len(shapes) != len(state):
+        raise ValueError(f"{prefix}: holds {len(shapes)} optimizer variables, this optimizer has "
+                         f"{len(state)} (another --optimizer or --only_train_transformer_layers?)")
+    for i, variable in enumerate(state):
+        value = reader.get_tensor(f"optimizer/{i}")
+        if list(value.shape) != list(variable.shape):
+            raise ValueError(f"{prefix}: optimizer/{i} ({variable.path}) has shape {list(value.shape)}, "
+                             f"expected {list(variable.shape)}")
+        variable.assign(value)
+    return True
+
+
+def find_start(args):
+    """Where the run starts: (run folder, folder of the weights, checkpoint prefix or None,
+    step, hparams), from the run folder (--restore_from latest), the base model (fresh, or
+    latest in a new run) or a path. Checks only; nothing is loaded or written."""
+    run_dir = os.path.join(args.checkpoint_dir, args.run_name)
+    has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoint"))
+    if args.restore_from == "latest" and has_checkpoint:
+        source, prefix = run_dir, checkpoint_prefix(run_dir)
+        step = _step_of(prefix)
+    elif args.restore_from in ("latest", "fresh"):
+        if has_checkpoint:
+            raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
+                             f"{tf.train.latest_checkpoint(run_dir)}); continue it with --restore_from latest, "
+                             "or choose another --run_name")
+        source, prefix, step = os.path.join(args.models_dir, args.model_name), None, 0
+    else:
+        if not os.path.isdir(args.restore_from) and not os.path.isfile(args.restore_from + ".index"):
+            raise FileNotFoundError(f"--restore_from {args.restore_from}: no such folder or checkpoint prefix")
+        source = args.restore_from if os.path.isdir(args.restore_from) else os.path.dirname(args.restore_from)
+        prefix, step = checkpoint_prefix(args.restore_from), 0
+    hparams = load_hparams(source)
+    if os.path.isfile(os.path.join(run_dir, "hparams.json")) and load_hparams(run_dir) != hparams:
+        raise ValueError(f"{run_dir}/hparams.json is {load_hparams(run_dir).values()}, but the model to "
+                         f"start from ({source}) has {hparams.values()}")
+    if 0 <= args.steps < step:
+        raise ValueError(f"{run_dir} is at step {step}, past --steps {args.steps}: --steps is the run's "
+                         f"total, not a number of steps more (for N more: --steps {step} + N)")
+    return run_dir, source, prefix, step, hparams
+
+
+def vocabulary_dir(*folders):
+    """The first folder holding encoder.json and vocab.bpe; else the copy shipped with tfgpt2."""
+    for folder in folders:
+        if all(os.path.isfile(os.path.join(folder, name)) for name in VOCAB_FILES):
+            return folder
+    return ASSETS_DIR
+
+
+def write_run_files(run_dir, hparams, vocab_dir):
+    """hparams.json, and encoder.json and vocab.bpe from `vocab_dir`."""
+    os.makedirs(run_dir, exist_ok=True)
+    save_hparams(hparams, run_dir)
+    for name in VOCAB_FILES:
+        src, dst = os.path.join(vocab_dir, name), os.path.join(run_dir, name)
+        if not os.path.isfile(dst):
+            copy_file(src, dst)
+
+
+def read_best(run_dir):
+    """`best.json`: the step and validation loss of the best checkpoint so far, or None."""
+    path = os.path.join(run_dir, "best.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
