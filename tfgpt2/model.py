@@ -380,6 +380,11 @@ def check_past(past, batch, hparams):
     return past
 
 
+def in_vocabulary(X, n_vocab):
+    """Where the token ids X are in [0, n_vocab): the one rule for a valid id."""
+    return tf.logical_and(X >= 0, X < tf.cast(n_vocab, X.dtype))
+
+
 def check_inputs(X, positions, hparams):
     """Token ids in [0, n_vocab) and positions < n_ctx, per row.
 
@@ -391,7 +396,7 @@ def check_inputs(X, positions, hparams):
     n_vocab, n_ctx = hparams.n_vocab, hparams.n_ctx
     if positions.shape[1] is not None and positions.shape[1] > n_ctx:
         raise ValueError(f"input of {positions.shape[1]} tokens exceeds the context window n_ctx={n_ctx}")
-    id_ok = tf.logical_and(X >= 0, X < tf.cast(n_vocab, X.dtype))
+    id_ok = in_vocabulary(X, n_vocab)
     ok = tf.logical_and(tf.reduce_all(id_ok, axis=1), tf.reduce_all(positions < n_ctx, axis=1))
     checks = [
         tf.debugging.assert_less(positions, n_ctx, message=(

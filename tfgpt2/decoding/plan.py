@@ -10,6 +10,8 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from ..model import in_vocabulary
+
 
 def fits(prompt_tokens, length, n_ctx):
     """The one rule for lengths, the original's: prompt + length - 1 <= n_ctx (the last new
@@ -64,7 +66,7 @@ def check_request(ids, lengths, length, temperature, top_k, top_p, *, hparams):
     Overflow-proof: any int32 values pass or fail here, never wrap. Returns ops (graph)."""
     n_vocab, n_ctx = hparams.n_vocab, hparams.n_ctx
     lengths64, length64 = tf.cast(lengths, tf.int64), tf.cast(length, tf.int64)
-    bad_id = tf.logical_or(ids < 0, ids >= n_vocab)
+    bad_id = tf.logical_not(in_vocabulary(ids, n_vocab))
     longest = tf.reduce_max(tf.concat([lengths64, [0]], 0))
     return [
         require(tf.size(lengths) > 0, "there must be at least one prompt"),

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from ..encoder import ASSETS_DIR, EOT_TOKEN, VOCAB_FILES
+from ..encoder import ASSETS_DIR, EOT, EOT_TOKEN, VOCAB_FILES
 from ..hparams import HParams, load_hparams, read_json_object, variable_shapes
 from .files import staging
 
@@ -330,7 +330,7 @@ def _kerashub_tokenizer_config():
     return {"module": "keras_hub.src.models.gpt2.gpt2_tokenizer", "class_name": "GPT2Tokenizer",
             "config": {"name": "gpt2_tokenizer", "trainable": True, "dtype": _keras_dtype("int32"),
                        "config_file": "tokenizer.json", "sequence_length": None, "add_prefix_space": False,
-                       "unsplittable_tokens": ["<|endoftext|>"]},
+                       "unsplittable_tokens": [EOT]},
             "registered_name": "keras_hub>GPT2Tokenizer"}
 
 

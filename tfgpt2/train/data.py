@@ -16,7 +16,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-EOT_TEXT = "<|endoftext|>"
+from ..encoder import EOT
 
 
 class DatasetError(ValueError):
@@ -61,21 +61,28 @@ def load_npz(path, n_vocab=None):
         if chunk.ndim != 1 or not np.issubdtype(chunk.dtype, np.integer):
             raise DatasetError(f"{path}: {name} is {chunk.dtype} of shape {list(chunk.shape)}; "
                                "expected a 1-D array of token ids")
-        bad = np.flatnonzero((chunk < 0) | (chunk >= (n_vocab or np.iinfo(np.int32).max)))
-        if bad.size:
-            raise DatasetError(f"{path}: {name}[{bad[0]}] is token id {chunk[bad[0]]}, "
-                               f"outside [0, n_vocab={n_vocab})")
+        check_ids(chunk, n_vocab, f"{path}: {name}")
     return [chunk.astype(np.int32) for chunk in chunks]
 
 
+def check_ids(chunk, n_vocab, where):
+    """Every id of `chunk` in [0, n_vocab) (n_vocab None: >= 0 and int32), else DatasetError
+    naming the first bad one."""
+    bad = np.flatnonzero((chunk < 0) | (chunk >= (n_vocab or np.iinfo(np.int32).max)))
+    if bad.size:
+        raise DatasetError(f"{where}[{bad[0]}] is token id {chunk[bad[0]]}, outside [0, n_vocab={n_vocab})")
+
+
 def load_dataset(enc, path, *, combine=50000, encoding="utf-8", n_vocab=None):
-    """The list of chunks (1-D int32 arrays of token ids) a dataset holds."""
+    """The list of chunks (1-D int32 arrays of token ids) a dataset holds, each id checked
+    against `n_vocab` (a model with a smaller vocabulary than the encoder's)."""
     chunks, texts, size = [], [], 0
 
     def flush():
         nonlocal texts, size
         if texts:
-            chunks.append(np.asarray(enc.encode(EOT_TEXT.join(texts), allowed_special={EOT_TEXT}), np.int32))
+            chunks.append(np.asarray(enc.encode(EOT.join(texts), allowed_special={EOT}), np.int32))
+            check_ids(chunks[-1], n_vocab, f"{path}: encoded text, chunk {len(chunks) - 1}")
         texts, size = [], 0
 
     for p in dataset_paths(path):
