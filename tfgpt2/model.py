@@ -71,7 +71,7 @@ def normalize(x, epsilon):
 
     Autodiff's gradient is the same, but its cheap pieces let XLA fuse each block's norm
     gradients, recomputed, into every block below it (fusions of ~200 operands at 12 layers):
-    this one is materialized once per norm (docs/performance.md, Training speed)."""
+    this one is materialized once per norm (docs/performance.md, Training)."""
     @tf.custom_gradient
     def run(x):
         u = tf.reduce_mean(x, axis=-1, keepdims=True)
@@ -227,7 +227,7 @@ def attn_probs(w, mask, features):
 
     The softmax is TensorFlow's kernel (the original's exp(w - max) / sum, in one operation),
     and the gradient is written out (`attn_probs_grad`): outside XLA autodiff's runs seven
-    operations over each [batch, heads, T, T] tensor (docs/performance.md, Training speed)."""
+    operations over each [batch, heads, T, T] tensor (docs/performance.md, Training)."""
     scale = tf.math.rsqrt(tf.cast(features, tf.float32))
 
     @tf.custom_gradient
