@@ -1,0 +1,315 @@
+"""The package's shape, read from its source: the import graph has no circle, `model.py` (the
+mirror of OpenAI's `src/model.py`) imports nothing of the machinery added around it, the
+package never imports the developer tools in `benchmarks/`, and no module configures the
+process (environment variables, logging) when it is imported.
+
+Everything here is static (`ast` over every `tfgpt2/**/*.py`), so it runs in milliseconds and
+sees imports inside functions too, which run only when called."""
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "tfgpt2"
+
+# What the mirror may import of tfgpt2; anything else it imports must be third-party.
+MODEL_MAY_IMPORT = {"tfgpt2.hparams"}
+# What importing the mirror may load of tfgpt2, all told: hparams.json is written through the
+# one atomic-write helper, a leaf module (test_atomic_write_helper_is_a_leaf).
+MODEL_MAY_LOAD = {"tfgpt2.model", "tfgpt2.hparams", "tfgpt2.formats", "tfgpt2.formats.files"}
+MACHINERY = ("tfgpt2.decoding", "tfgpt2.train", "tfgpt2.formats", "tfgpt2.cli", "tfgpt2.testing", "tfgpt2.sample")
+
+
+def module_name(path, root=ROOT):
+    parts = list(Path(path).relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(package=PACKAGE):
+    """{dotted name: path} of every module in the package."""
+    return {module_name(path, package.parent): path for path in sorted(package.rglob("*.py"))}
+
+
+def resolve(importer, is_package, node, known):
+    """The modules an `import` or `from ... import` statement of module `importer` names, as
+    dotted names (relative imports resolved; `from X import y` names X.y where that is a module
+    of the package, else X)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = importer.split(".") if is_package else importer.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module
+    names = [f"{source}.{alias.name}" for alias in node.names]
+    submodules = [name for name in names if name in known]
+    return submodules if len(submodules) == len(names) else submodules + [source]
+
+
+def import_graph(package=PACKAGE):
+    """{module: {(imported module, line)}} over every import statement anywhere in each module
+    (at module level, in functions, under `if __name__ == "__main__"`): for tfgpt2 modules,
+    the edges between them; other imports kept by their full name."""
+    found = modules(package)
+    graph = {}
+    for name, path in found.items():
+        tree = ast.parse(path.read_text(), str(path))
+        edges = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges.update((target, node.lineno) for target in resolve(name, path.name == "__init__.py", node, found))
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph):
+    """Each import circle among the graph's own modules, as a list of modules (the first
+    repeated at the end), one per strongly connected component (Tarjan)."""
+    inside = {m: sorted({t for t, _ in edges if t in graph and t != m} | ({m} & {t for t, _ in edges}))
+              for m, edges in graph.items()}
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in inside[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in inside[v]:
+                components.append(set(component))
+    for v in sorted(inside):
+        if v not in index:
+            visit(v)
+
+    def circle(component):  # one path around the component, for the message
+        start = min(component)
+        path, seen = [start], {start}
+        while True:
+            nxt = next(w for w in inside[path[-1]] if w in component and (w == start or w not in seen))
+            if nxt == start:
+                return path + [start]
+            if not any(w == start for w in inside[nxt]) and all(w in seen for w in inside[nxt] if w in component):
+                return sorted(component)  # no simple path found greedily: name the members
+            path.append(nxt)
+            seen.add(nxt)
+    return [circle(c) for c in components]
+
+
+def reachable(graph, start):
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in graph:
+            continue
+        seen.add(m)
+        todo.extend(t for t, _ in graph[m])
+    return seen
+
+
+def within(name, prefixes):
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_the_graph_sees_the_packages_imports(graph):
+    """The reader finds what it must: relative imports at both levels, `from . import x`, and
+    imports inside functions."""
+    assert "tfgpt2.hparams" in {t for t, _ in graph["tfgpt2.model"]}  # from .hparams import ...
+    assert "tfgpt2.decoding.layouts" in {t for t, _ in graph["tfgpt2.decoding.loop"]}  # from . import layouts
+    assert "tfgpt2.model" in {t for t, _ in graph["tfgpt2.decoding.cache"]}  # from ..model import ...
+    assert "tfgpt2.sample" in {t for t, _ in graph["tfgpt2.cli.common"]}  # inside a function
+    assert "tfgpt2.cli.main" in {t for t, _ in graph["tfgpt2.params"]}  # under __main__, absolute
+    assert {"tfgpt2", "tfgpt2.model", "tfgpt2.sample", "tfgpt2.decoding.loop", "tfgpt2.cli.main"} <= set(graph)
+
+
+def test_no_import_circle(graph):
+    found = cycles(graph)
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_circles():
+    """The finder on graphs with a known answer: a two-module circle through a lazy import (as
+    model.py <-> sample.py once was), a longer one, a self-import, and none."""
+    def g(**edges):
+        return {m.replace("_", "."): {(t, 1) for t in ts} for m, ts in edges.items()}
+    assert cycles(g(a_model=["a.hparams", "a.sample"], a_sample=["a.model"], a_hparams=[])) == [
+        ["a.model", "a.sample", "a.model"]]
+    assert cycles(g(a=["b"], b=["c"], c=["a", "d"], d=[])) == [["a", "b", "c", "a"]]
+    assert cycles(g(a=["a"], b=[])) == [["a", "a"]]
+    assert cycles(g(a=["b", "numpy"], b=["c"], c=[])) == []
+
+
+def test_the_graph_would_show_a_circle_added_to_the_package(tmp_path):
+    """A copy of the package where decoding/cache.py imports tfgpt2.sample inside a function
+    (sample -> decoding.loop -> decoding.cache -> sample): the test above would fail on it."""
+    import shutil
+    copy = tmp_path / "tfgpt2"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    cache = copy / "decoding" / "cache.py"
+    cache.write_text(cache.read_text() + "\n\ndef _later():\n    from ..sample import generate\n    return generate\n")
+    found = cycles(import_graph(copy))
+    assert any({"tfgpt2.sample", "tfgpt2.decoding.cache"} <= set(c) for c in found), found
+
+
+def test_model_imports_only_hparams_of_the_package(graph):
+    """The mirror imports nothing of generation's machinery, training, the formats, the
+    commands or the test harness: `tfgpt2.hparams` and third-party packages only."""
+    ours = {(t, line) for t, line in graph["tfgpt2.model"] if within(t, ["tfgpt2"])}
+    assert {t for t, _ in ours} <= MODEL_MAY_IMPORT, sorted(ours)
+    relative = [t for t, _ in graph["tfgpt2.model"] if not within(t, ["tfgpt2"]) and t.split(".")[0] in
+                {p.stem for p in PACKAGE.iterdir()}]
+    assert not relative, relative  # e.g. `import sample` resolved as a top-level module
+
+
+def test_importing_model_loads_none_of_the_machinery(graph):
+    loaded = {m for m in reachable(graph, "tfgpt2.model") if within(m, ["tfgpt2"])}
+    assert loaded <= MODEL_MAY_LOAD, sorted(loaded - MODEL_MAY_LOAD)
+    assert not [m for m in loaded if within(m, MACHINERY) and m not in MODEL_MAY_LOAD]
+
+
+def test_atomic_write_helper_is_a_leaf(graph):
+    assert not [t for t, _ in graph["tfgpt2.formats.files"] if within(t, ["tfgpt2"])]
+
+
+def test_the_package_never_imports_the_benchmarks(graph):
+    found = [(m, t, line) for m, edges in graph.items() for t, line in edges if within(t, ["benchmarks"])]
+    assert not found, found
+
+
+# ---- nothing configured at import time ---------------------------------------------------
+
+ENVIRON_METHODS = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+CONFIGURING_CALLS = {"addFilter", "addHandler", "basicConfig", "setLevel", "set_verbosity", "putenv",
+                     "unsetenv", "filterwarnings", "simplefilter", "disable", "captureWarnings"}
+
+
+def is_environ(node):
+    """`os.environ` (or a bare `environ`)."""
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ")
+
+
+def runs_at_import(tree):
+    """The statements of a module that run when it is imported: its top level, class bodies and
+    the branches of if/try/with/for, but not function bodies, lambdas or
+    `if __name__ == "__main__":` blocks."""
+    def main_guard(node):
+        test = node.test
+        return isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) \
+            and test.left.id == "__name__"
+
+    def nodes(body):
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from walk_expr(stmt.decorator_list)  # decorators and defaults run at import
+                yield from walk_expr(stmt.args.defaults + [d for d in stmt.args.kw_defaults if d])
+                continue
+            if isinstance(stmt, ast.If) and main_guard(stmt):
+                yield from nodes(stmt.orelse)
+                continue
+            inner = [f for f in ("body", "orelse", "finalbody", "handlers") if isinstance(getattr(stmt, f, None), list)]
+            for field, value in ast.iter_fields(stmt):
+                if field not in inner:
+                    yield from walk_expr(value)
+            for field in inner:
+                yield from nodes(getattr(stmt, field))
+            if isinstance(stmt, ast.ExceptHandler):
+                continue
+            yield stmt
+
+    def walk_expr(value):  # ast.walk, but not into lambdas
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, ast.AST) and not isinstance(v, ast.Lambda):
+                yield v
+                for _, child in ast.iter_fields(v):
+                    yield from walk_expr(child)
+    yield from nodes(tree.body)
+
+
+def configuring(tree):
+    """(line, what) for each change to the process's environment or logging that runs when the
+    module is imported."""
+    found = []
+    for node in runs_at_import(tree):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            if isinstance(t, ast.Subscript) and is_environ(t.value):
+                found.append((node.lineno, "os.environ[...] assigned or deleted"))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if is_environ(node.func.value) and node.func.attr in ENVIRON_METHODS:
+                found.append((node.lineno, f"os.environ.{node.func.attr}"))
+            elif node.func.attr in CONFIGURING_CALLS:
+                found.append((node.lineno, node.func.attr))
+    return sorted(set(found))
+
+
+def test_no_module_configures_the_process_when_imported():
+    """No environment variable, logging filter, handler or level, or warnings filter is set by
+    importing any tfgpt2 module; the commands set theirs in functions (`cli.main.quiet`)."""
+    found = {name: hits for name, path in modules().items() if (hits := configuring(ast.parse(path.read_text())))}
+    assert not found, found
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'\n", [(2, "os.environ[...] assigned or deleted")]),
+    ("import os\nos.environ.setdefault('A', '1')\n", [(2, "os.environ.setdefault")]),
+    ("import logging\nclass F(logging.Filter):\n    pass\nlogging.getLogger('tensorflow').addFilter(F())\n",
+     [(4, "addFilter")]),
+    ("import os\ntry:\n    import x\nexcept ImportError:\n    os.environ['X'] = '1'\n",
+     [(5, "os.environ[...] assigned or deleted")]),
+    ("import os\nif True:\n    del os.environ['X']\n", [(3, "os.environ[...] assigned or deleted")]),
+    ("import os\ndef f():\n    os.environ['X'] = '1'\n    logging.getLogger().addFilter(None)\n", []),
+    ("import os\nif __name__ == '__main__':\n    os.environ['X'] = '1'\n", []),
+    ("import os\nflags = os.environ.get('XLA_FLAGS', '')\ng = lambda: os.environ.setdefault('A', '1')\n", []),
+])
+def test_the_import_time_check_finds_configuration(source, expected):
+    assert configuring(ast.parse(source)) == expected
+
+
+@pytest.mark.slow
+def test_importing_every_module_leaves_environment_and_logging_alone():
+    """Every tfgpt2 module imported in a fresh process: os.environ, the root and tensorflow
+    loggers' filters, handlers and levels, and the warnings filters as they were before (the
+    check above, run: it also sees what a module-level call of a function would change)."""
+    names = sorted(m for m in modules() if not m.endswith("__main__"))
+    code = f"""
+import importlib, logging, os, sys, warnings
+import tensorflow, keras, numpy
+def state():
+    loggers = [logging.getLogger(), logging.getLogger("tensorflow")]
+    return (dict(os.environ), [(l.level, list(l.filters), list(l.handlers)) for l in loggers],
+            list(warnings.filters))
+before = state()
+for name in {names!r}:
+    importlib.import_module(name)
+    if state() != before:
+        sys.exit(f"importing {{name}} changed the process's environment, logging or warnings")
+print("ok", len({names!r}))
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
+                            timeout=300)
+    assert result.returncode == 0 and result.stdout.split()[0] == "ok", result.stdout + result.stderr[-3000:]
