@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generation speed of tfgpt2 against OpenAI's reference and other ports, in the same run.
 
-    python tools/benchmark.py --model_dir models/124M --batch 1 8
+    tfgpt2 make-checkpoint 124M          # a model folder (random weights run at the same speed)
+    python benchmarks/benchmark.py --model_dir models/124M --batch 1 8
 
 Each candidate runs in a fresh process of its own, one after another, on the same
 checkpoint shape: tfgpt2 with XLA, tfgpt2 without XLA, the reference `sample_sequence`
@@ -11,7 +12,8 @@ installed. Per candidate and batch size:
 
 - decode: time per generated token (per step for the batch), from the difference between
   generating `--long` and `--short` new tokens after a 1-token prompt, so that prefill and
-  compilation are left out; the median of `--runs` runs each, after a warm-up;
+  compilation are left out; per run (the i-th run of each length paired), after a warm-up:
+  the median and range over `--runs`;
 - prefill: tokens per second for a `--prompt_len`-token prompt (one new token);
 - compile: the first call's time minus a warm call's, both lengths;
 - peak memory: the process's peak resident set (VmHWM), the runtime included, after the
@@ -22,7 +24,8 @@ installed. Per candidate and batch size:
 
 `--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
-`--top_k` says otherwise.
+`--top_k` says otherwise. The report (benchmarks/report.py) goes to `--report DIR` as
+`--name`.json and .md (default generation).
 """
 import argparse
 import functools
@@ -35,10 +38,14 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks.machine import describe  # noqa: E402
-DEFAULT_REFERENCE = os.path.join(os.path.dirname(ROOT), "shared", "openai-gpt-2", "src")
+try:
+    from . import report
+except ImportError:  # run as `python benchmarks/benchmark.py`: this folder is on sys.path
+    import report
+
+ROOT = report.ROOT
+DEFAULT_REFERENCE = os.path.join(os.environ.get("TFGPT2_SHARED", os.path.join(os.path.dirname(ROOT), "shared")),
+                                 "openai-gpt-2", "src")
 CANDIDATES = ["tfgpt2-xla", "tfgpt2", "reference", "keras-hub", "transformers"]
 
 
@@ -141,14 +148,13 @@ def worker(args):
     short = run(one, args.short, args.runs + 1)
     decode_peak = rss()
     prefill = run(prompt, 1, args.runs + 1)
-    step = (np.median(long[1:]) - np.median(short[1:])) / (args.long - args.short)
+    steps = [(lg - sh) / (args.long - args.short) for lg, sh in zip(long[1:], short[1:])]
     compile_s = short[0] - np.median(short[1:]) + long[0] - np.median(long[1:])
-    print(json.dumps(dict(step_ms=step * 1e3, tokens_per_s=args.batch_size / step,
-                          prefill_tokens_per_s=args.batch_size * args.prompt_len / np.median(prefill[1:]),
-                          compile_s=compile_s, peak_rss_mb=rss(), decode_peak_rss_mb=decode_peak,
-                          long_peak_rss_mb=long_peak,
-                          loaded_rss_mb=loaded,
-                          runs={"short": short, "long": long, "prefill": prefill})))
+    print(json.dumps(dict(step_ms=[s * 1e3 for s in steps], tokens_per_s=[args.batch_size / s for s in steps],
+                          prefill_tokens_per_s=[args.batch_size * args.prompt_len / s for s in prefill[1:]],
+                          compile_s=float(compile_s), peak_rss_mb=rss(), decode_peak_rss_mb=decode_peak,
+                          long_peak_rss_mb=long_peak, loaded_rss_mb=loaded,
+                          seconds={"short": short, "long": long, "prefill": prefill})))
 
 
 # ---- the driver ---------------------------------------------------------------------------
@@ -175,26 +181,49 @@ def measure(candidate, batch, args):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(results, batches):
-    lines = ["| implementation | batch | decode ms/token | tokens/s | time vs reference | prefill tokens/s "
-             "| compile s | peak RSS MB | decode peak RSS MB | `--long` peak RSS MB | RSS before MB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    reference = {b: results.get(("reference", b), {}).get("step_ms") for b in batches}
+COLUMNS = [report.column("implementation", "implementation"), report.column("batch", "batch"),
+           report.column("step_ms", "decode ms/token", ".1f"), report.column("tokens_per_s", "tokens/s", ".1f"),
+           report.column("vs_reference", "time vs reference", ".2f"),
+           report.column("prefill_tokens_per_s", "prefill tokens/s", ".0f"),
+           report.column("compile_s", "compile s", ".1f"), report.column("peak_rss_mb", "peak RSS MB", ".0f"),
+           report.column("loaded_rss_mb", "RSS before MB", ".0f")]
+ERROR = report.column("error", "error")
+
+
+def rows_of(results):
+    """The report's rows from {(candidate, batch): worker figures or {"error"}}."""
+    rows = []
     for (candidate, batch), r in results.items():
+        row = {"implementation": candidate, "batch": batch}
         if "error" in r:
-            lines.append(f"| {candidate} | {batch} | {r['error']} | | | | | | | | |")
+            rows.append(dict(row, error=r["error"]))
             continue
-        ratio = f"{r['step_ms'] / reference[batch]:.2f}x" if reference[batch] else "n/a"
-        lines.append(f"| {candidate} | {batch} | {r['step_ms']:.1f} | {r['tokens_per_s']:.1f} | {ratio} "
-                     f"| {r['prefill_tokens_per_s']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_mb']:.0f} "
-                     f"| {r['decode_peak_rss_mb']:.0f} | {r['long_peak_rss_mb']:.0f} "
-                     f"| {'n/a' if r['loaded_rss_mb'] is None else round(r['loaded_rss_mb'])} |")
-    return "\n".join(lines)
+        row.update({k: report.spread(r[k]) for k in ("step_ms", "tokens_per_s", "prefill_tokens_per_s")})
+        row.update({k: r[k] for k in ("compile_s", "peak_rss_mb", "decode_peak_rss_mb", "long_peak_rss_mb",
+                                      "loaded_rss_mb")})
+        rows.append(row)
+    for row in rows:
+        base = next((r for r in rows if r["implementation"] == "reference" and r["batch"] == row["batch"]
+                     and "step_ms" in r), None)
+        if base and "step_ms" in row:
+            row["vs_reference"] = row["step_ms"]["median"] / base["step_ms"]["median"]
+    return rows
+
+
+def headlines(rows):
+    found = []
+    for row in rows:
+        if row["implementation"] in ("tfgpt2-xla", "reference") and "step_ms" in row:
+            figure = f"{row['step_ms']['median']:.1f} ms/token"
+            if row["implementation"] != "reference" and row.get("vs_reference"):
+                figure += f", {row['vs_reference']:.2f}x the reference's time"
+            found.append({"what": f"generation, batch {row['batch']}, {row['implementation']}", "figure": figure})
+    return found
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model_dir", default="models/124M", help="a model folder (tools/make_checkpoint.py 124M)")
+    parser.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
     parser.add_argument("--reference_src", default=DEFAULT_REFERENCE, help="the original gpt-2 repository's src/")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--candidates", nargs="+", default=CANDIDATES, choices=CANDIDATES)
@@ -205,25 +234,41 @@ def main(argv=None):
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--dtype", default="float32",
                         help="tfgpt2's Keras dtype policy (bfloat16, ...); the others run in float32")
+    report.add_arguments(parser, "generation")
     parser.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     parser.add_argument("--batch_size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
     results = {}
+    skipped = []
     for batch in args.batch:
         for candidate in args.candidates:
             if not available(candidate, args):
+                if candidate not in skipped:
+                    skipped.append(candidate)
                 print(f"skipping {candidate}: not installed / not found", file=sys.stderr)
             elif candidate == "reference" and batch > 1:
                 results[(candidate, batch)] = {"error": "the original sample_sequence fails at batch > 1"}
             else:
                 print(f"measuring {candidate} at batch {batch} ...", file=sys.stderr, flush=True)
                 results[(candidate, batch)] = measure(candidate, batch, args)
-    print(f"\n`{' '.join(['python', 'tools/benchmark.py'] + (argv or sys.argv[1:]))}`, {describe()}, "
-          f"medians of {args.runs} runs, top_k={args.top_k}, tfgpt2 in {args.dtype}\n")
-    print(table(results, args.batch))
+    rows = rows_of(results)
+    notes = [f"Decode time per generated token (the whole batch's step): generating {args.long} and "
+             f"{args.short} new tokens after a 1-token prompt, the difference per token, median and range "
+             f"over {args.runs} paired runs after a warm-up; prefill: a {args.prompt_len}-token prompt; compile: "
+             f"the first calls' extra time; peak RSS: the process's peak resident set (VmHWM); RSS before: "
+             f"after loading, before the first call. Sampling top_k={args.top_k}; tfgpt2 in {args.dtype}, "
+             f"the others in float32. Each implementation ran in a process of its own."]
+    if skipped:
+        notes.append(f"Not installed or not found here: {', '.join(skipped)}.")
+    settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "short", "long",
+                                              "prompt_len", "top_k", "dtype")}
+    columns = COLUMNS + [ERROR] * any("error" in r for r in rows)
+    report.publish(args, "Generation speed", [report.table(columns, rows)], tool=__file__, argv=argv,
+                   settings=settings, notes=notes, headlines=headlines(rows))
+    return 0 if all("error" not in r or k[0] == "reference" and k[1] > 1 for k, r in results.items()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
 """GFLOP/s of one GPT-2-shaped matmul in float32 and bfloat16, under XLA, TensorFlow's own
 kernels (oneDNN on x86) and PyTorch, on this machine: whether 16-bit math can be faster here
-at all, and the product rate that bounds a training step (`tools/benchmark_train.py`'s model
-GFLOP/s).
+at all, and the product rate that bounds a training step (`benchmarks/benchmark_train.py`'s
+model GFLOP/s).
 
-    python tools/benchmark_matmul.py --m 512 --k 768 --n 3072 --runs 30
+    python benchmarks/benchmark_matmul.py --m 512 --k 768 --n 3072 --runs 30
 
-Prints the median over `--runs` calls of [m, k] @ [k, n] (inputs made once, result reduced to a
-float32 scalar so that only the product is timed), per dtype and backend; over fewer calls, 3 at
-least, where the calls take over `--seconds` in all (PyTorch emulates bfloat16 products without
-the instructions for them, at about 1 GFLOP/s). PyTorch runs in a process of its own, under
-`$TFGPT2_HF_PYTHON` where set (as in `tools/benchmark_train.py`), and is left out where torch
-is not installed there.
+Reports the rate of each of `--runs` calls of [m, k] @ [k, n] (inputs made once, result reduced
+to a float32 scalar so that only the product is timed), median and range, per dtype and
+backend; over fewer calls, 3 at least, where the calls take over `--seconds` in all (PyTorch
+emulates bfloat16 products without the instructions for them, at about 1 GFLOP/s). PyTorch runs
+in a process of its own, under `$TFGPT2_HF_PYTHON` where set (as in
+`benchmarks/benchmark_train.py`), and is left out where torch is not installed there. The report
+(benchmarks/report.py) goes to `--report DIR` as `--name`.json and .md (default matmul).
 """
 import argparse
 import json
@@ -20,23 +21,23 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks.benchmark_train import has_modules, hf_python  # noqa: E402
-from benchmarks.machine import describe  # noqa: E402
+try:
+    from . import report
+    from .benchmark_train import has_modules, hf_python
+except ImportError:  # run as `python benchmarks/benchmark_matmul.py`: this folder is on sys.path
+    import report
+    from benchmark_train import has_modules, hf_python
 
 
 def gflops(product, args):
-    """The product's rate: 2mkn over the median seconds of `product()`, after one call."""
+    """The product's rate of each timed call of `product()`, 2mkn / seconds, after one call."""
     product()  # compile
     seconds = []
     while len(seconds) < args.runs and (len(seconds) < 3 or sum(seconds) < args.seconds):
         start = time.perf_counter()
         product()
         seconds.append(time.perf_counter() - start)
-    return 2 * args.m * args.k * args.n / float(np.median(seconds)) / 1e9
+    return [2 * args.m * args.k * args.n / s / 1e9 for s in seconds]
 
 
 def tensorflow_rows(args):
@@ -62,26 +63,41 @@ def torch_worker_rows(args):
         return
     flags = [f"--{k}={getattr(args, k)}" for k in ("m", "k", "n", "runs", "seconds")]
     out = subprocess.run([hf_python(), __file__, "--worker", *flags], capture_output=True, text=True, check=True)
-    yield from json.loads(out.stdout)
+    yield from json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main():
+COLUMNS = [report.column("dtype", "dtype"), report.column("backend", "backend"),
+           report.column("gflops", "GFLOP/s", ".1f")]
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--m", type=int, default=512, help="rows (batch x tokens)")
     p.add_argument("--k", type=int, default=768)
     p.add_argument("--n", type=int, default=3072)
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--seconds", type=float, default=20, help="stop timing a product after this long (3 calls at least)")
+    report.add_arguments(p, "matmul")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.worker:
         return print(json.dumps(list(torch_rows(args))))
-    print(f"| dtype | backend | GFLOP/s |  ([{args.m}, {args.k}] @ [{args.k}, {args.n}], median of up to {args.runs} "
-          f"calls within {args.seconds:g} s; {describe()})\n|---|---|---:|")
-    for rows in (tensorflow_rows(args), torch_worker_rows(args)):
-        for dtype, backend, rate in rows:
-            print(f"| {dtype} | {backend} | {rate:.1f} |", flush=True)
+    rows = []
+    for found in (tensorflow_rows(args), torch_worker_rows(args)):
+        for dtype, backend, rates in found:
+            print(f"measured {dtype} {backend}", file=sys.stderr, flush=True)
+            rows.append({"dtype": dtype, "backend": backend, "gflops": report.spread(rates)})
+    notes = [f"[{args.m}, {args.k}] @ [{args.k}, {args.n}]: GFLOP/s of each of up to {args.runs} calls "
+             f"(3 at least, fewer where they take over {args.seconds:g} s in all) after one untimed call, "
+             f"median and range. TensorFlow: its own kernels (oneDNN on x86); XLA: the same product under "
+             f"`jit_compile`."]
+    if not any(r["backend"] == "PyTorch" for r in rows):
+        notes.append("PyTorch: not installed here.")
+    settings = {k: getattr(args, k) for k in ("m", "k", "n", "runs", "seconds")}
+    report.publish(args, "Matrix product speed", [report.table(COLUMNS, rows)], tool=__file__, argv=argv,
+                   settings=settings, notes=notes)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

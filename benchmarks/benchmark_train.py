@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Training speed of tfgpt2 against KerasHub's `GPT2CausalLM.fit` and HF transformers (PyTorch).
 
-    python tools/benchmark_train.py --model_dir models/124M --batch 4 --length 128
+    tfgpt2 make-checkpoint 124M          # a model folder (random weights train at the same speed)
+    python benchmarks/benchmark_train.py --model_dir models/124M --batch 4 --length 128
 
 Each candidate runs in a fresh process of its own, one after another, with the model's shape
 (`--model_dir`'s hparams: tfgpt2 loads that checkpoint; KerasHub and transformers, where
@@ -9,14 +10,15 @@ installed, get random weights of the same shape, without dropout), Adam, float32
 token batches of `--batch` x `--length` predicted tokens (`--precision`, `--remat`, `--no_xla`,
 `--optimizer`, `--accumulate`: tfgpt2's, as `tfgpt2.train` takes them; candidate
 tfgpt2-float32 is tfgpt2 in float32 with XLA, `tfgpt2.train`'s default, beside them in the same
-run). Per candidate: tokens per second (the median step time of `--steps` steps after
-`--warmup` steps), the first step's time (compilation included) and the process's peak
+run). Per candidate: tokens per second (of each of `--steps` steps after `--warmup` steps:
+the median and range), the first step's time (compilation included) and the process's peak
 resident memory (VmHWM); model GFLOP/s is tokens/s times the products' work per token
 (`flops_per_token`, without what `--remat` recomputes), to set against the machine's product
-rate (`tools/benchmark_matmul.py`). With `--repeats N` the candidates take turns N times and
-each figure is the median over the N processes, with its range. transformers runs under
-`$TFGPT2_HF_PYTHON` where set (a Python with torch and transformers; they need not share
-tfgpt2's environment).
+rate (`benchmarks/benchmark_matmul.py`). With `--repeats N` the candidates take turns N times:
+tokens/s over the steps of all N processes, the other figures over the N processes.
+transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and transformers;
+they need not share tfgpt2's environment). The report (benchmarks/report.py) goes to
+`--report DIR` as `--name`.json and .md (default train).
 """
 import argparse
 import json
@@ -28,9 +30,11 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks.machine import describe  # noqa: E402
+try:
+    from . import report
+except ImportError:  # run as `python benchmarks/benchmark_train.py`: this folder is on sys.path
+    import report
+
 WORKERS = ["tfgpt2", "keras-hub", "transformers"]
 CANDIDATES = WORKERS + ["tfgpt2-float32"]  # tfgpt2's worker at float32 with XLA
 
@@ -126,9 +130,11 @@ def worker(args):
     seconds = {"tfgpt2": run_tfgpt2, "keras-hub": run_keras_hub, "transformers": run_transformers}[args.worker](args)
     timed = seconds[args.warmup:]
     tokens = args.accumulate * args.batch * args.length
+    ours = args.worker == "tfgpt2"
     print(json.dumps({"tokens_per_s": tokens / float(np.median(timed)), "tokens_per_step": tokens,
-                      "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb(),
-                      "precision": args.precision, "xla": not args.no_xla}))
+                      "step_s": timed, "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb(),
+                      "precision": args.precision if ours else "float32",
+                      "xla": (not args.no_xla) if ours else args.worker == "keras-hub"}))
 
 
 def hf_python():
@@ -164,15 +170,33 @@ def run_worker(candidate, args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spread(values, fmt):
-    """The median, and the range over repeats."""
-    median = fmt.format(float(np.median(values)))
-    return median if len(values) == 1 else f"{median} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+def plural(n, one, many=None):
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def main():
+COLUMNS = [report.column("implementation", "implementation"), report.column("setup", "setup"),
+           report.column("tokens_per_s", "tokens/s", ".0f"), report.column("gflops", "model GFLOP/s", ".1f"),
+           report.column("first_step_s", "first step s", ".1f"), report.column("peak_rss_mb", "peak RSS MB", ".0f")]
+ERROR = report.column("error", "error")
+
+
+def row_of(candidate, runs, flops):
+    """A candidate's row from its processes' figures (or the error of the first that failed)."""
+    failed = [r for r in runs if isinstance(r, str)]
+    if failed:
+        return {"implementation": candidate, "error": failed[0]}
+    rates = [r["tokens_per_step"] / s for r in runs for s in r["step_s"]]
+    first = runs[0]
+    return {"implementation": candidate, "setup": first["precision"] + (", XLA" if first["xla"] else ""),
+            "tokens_per_s": report.spread(rates), "gflops": report.spread([t * flops / 1e9 for t in rates]),
+            "first_step_s": report.spread([r["first_step_s"] for r in runs]),
+            "peak_rss_mb": report.spread([r["peak_rss_mb"] for r in runs]),
+            "tokens_per_step": first["tokens_per_step"], "processes": len(runs)}
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_dir", default="models/124M")
+    p.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--length", type=int, default=128, help="predicted tokens per row (the model reads as many)")
     p.add_argument("--steps", type=int, default=5)
@@ -182,45 +206,54 @@ def main():
                    help="tfgpt2-float32: tfgpt2 in float32 with XLA, the baseline for --precision and --no_xla "
                         "in the same run")
     p.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
-                   help="tfgpt2's dtype policy (as tfgpt2.train --precision); the others run in float32")
+                   help="tfgpt2's dtype policy (as tfgpt2 train --precision); the others run in float32")
     p.add_argument("--remat", action="store_true", help="tfgpt2 recomputes each block in the backward pass")
     p.add_argument("--optimizer", choices=("adam", "adafactor"), default="adam", help="tfgpt2's optimizer")
-    p.add_argument("--no_xla", action="store_true", help="tfgpt2's step as a plain tf.function (as tfgpt2.train --no_xla)")
+    p.add_argument("--no_xla", action="store_true", help="tfgpt2's step as a plain tf.function (as tfgpt2 train --no_xla)")
     p.add_argument("--accumulate", type=int, default=1,
                    help="tfgpt2 averages the gradients of this many micro-batches of --batch rows per step "
-                        "(as tfgpt2.train --accumulate_gradients); tokens/s counts them all")
+                        "(as tfgpt2 train --accumulate_gradients); tokens/s counts them all")
+    report.add_arguments(p, "train")
     p.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.accumulate > 1 and not args.worker and set(args.candidates) - {"tfgpt2", "tfgpt2-float32"}:
         p.error("--accumulate is tfgpt2's alone: add --candidates tfgpt2")
     if args.worker:
         return worker(args)
     with open(os.path.join(args.model_dir, "hparams.json")) as f:
         flops = flops_per_token(json.load(f), args.length)
-    print(f"| implementation | tokens/s | model GFLOP/s | first step s | peak RSS MB |  (batch {args.batch} x {args.length}, "
-          f"{args.steps} steps after {args.warmup}, tfgpt2 {args.precision} {args.optimizer}"
-          f"{' remat' if args.remat else ''}{' no XLA' if args.no_xla else ''}"
-          f"{f' accumulating {args.accumulate}' if args.accumulate > 1 else ''}; median of {args.repeats} processes; {describe()})\n|---|---:|---:|---:|---:|", flush=True)
-    candidates = []
+    candidates, missing = [], []
     for candidate in args.candidates:
-        if installed(candidate):
-            candidates.append(candidate)
-        else:
-            print(f"| {candidate} | not installed | | | |", flush=True)
+        (candidates if installed(candidate) else missing).append(candidate)
     results = {c: [] for c in candidates}
     for _ in range(args.repeats):
         for candidate in candidates:
+            print(f"measuring {candidate} ...", file=sys.stderr, flush=True)
             results[candidate].append(run_worker(candidate, args))
-    for candidate, runs in results.items():
-        failed = [r for r in runs if isinstance(r, str)]
-        if failed:
-            print(f"| {candidate} | {failed[0]} | | | |", flush=True)
-            continue
-        print(f"| {candidate} | {spread([r['tokens_per_s'] for r in runs], '{:.0f}')} "
-              f"| {spread([r['tokens_per_s'] * flops / 1e9 for r in runs], '{:.0f}')} "
-              f"| {spread([r['first_step_s'] for r in runs], '{:.1f}')} "
-              f"| {spread([r['peak_rss_mb'] for r in runs], '{:.0f}')} |", flush=True)
+    rows = [row_of(candidate, runs, flops) for candidate, runs in results.items()]
+    options = "".join([" remat" * args.remat, " without XLA" * args.no_xla,
+                       f" accumulating {args.accumulate} micro-batches" * (args.accumulate > 1)])
+    others = [c for c in candidates if not c.startswith("tfgpt2")]
+    notes = [f"Training steps on batches of {args.batch} x {args.length} predicted tokens; tfgpt2: "
+             f"{args.optimizer}, {args.precision}{options}" + ("; the others: Adam, float32. " if others else ". ")
+             + f"Tokens/s of each of {plural(args.steps, 'step')} after {plural(args.warmup, 'warm-up step')}, "
+             f"in {plural(args.repeats, 'process', 'processes')} per implementation (median and range); model "
+             f"GFLOP/s: tokens/s x {flops / 1e6:.0f} MFLOP per token (the products' work); first step: "
+             f"compilation included; peak RSS: the process's peak resident set."]
+    if missing:
+        notes.append(f"Not installed here: {', '.join(missing)}.")
+    settings = {k: getattr(args, k) for k in ("model_dir", "batch", "length", "steps", "warmup", "repeats",
+                                              "candidates", "precision", "remat", "optimizer", "no_xla",
+                                              "accumulate")}
+    settings["flops_per_token"] = flops
+    headlines = [{"what": f"fine-tuning step, batch {args.batch} x {args.length}, {r['implementation']} "
+                          f"({r['setup']})", "figure": f"{r['tokens_per_s']['median']:.0f} tokens/s"}
+                 for r in rows if "error" not in r and r["implementation"].startswith("tfgpt2")]
+    columns = COLUMNS + [ERROR] * any("error" in r for r in rows)
+    report.publish(args, "Fine-tuning speed", [report.table(columns, rows)], tool=__file__, argv=argv,
+                   settings=settings, notes=notes, headlines=headlines)
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

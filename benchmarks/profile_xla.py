@@ -2,8 +2,8 @@
 """Where the time of an XLA-compiled step goes: each compiled operation's time, from
 TensorFlow's profiler, summed by what the operation does.
 
-    python tools/profile_xla.py --model_dir models/124M generate --batch 8 --length 160
-    python tools/profile_xla.py --model_dir models/124M train --batch 4 --length 128
+    python benchmarks/profile_xla.py --model_dir models/124M generate --batch 8 --length 160
+    python benchmarks/profile_xla.py --model_dir models/124M train --batch 4 --length 128
 
 `generate` profiles one `generate` call of `--length` new tokens after a 1-token prompt, per
 generated token; `train` profiles `--steps` Adam steps of `tfgpt2.train.Trainer`, per step
@@ -12,7 +12,9 @@ another, each spread over the cores inside, except where independent ones overla
 times add up to about the wall time. Each operation is put in a group by the TensorFlow
 op it came from (its name in XLA's optimized HLO, written with `--xla_dump_to`): the block
 weights' products, attention's products, the output layer's products (with `wte`), the
-optimizer's update, and the rest (norms, GELU, softmax, sampling, cache writes).
+optimizer's update, and the rest (norms, GELU, softmax, sampling, cache writes). The report
+(benchmarks/report.py: the groups, and the longest operations) goes to `--report DIR` as
+`--name`.json and .md (default profile-<mode>).
 """
 import argparse
 import collections
@@ -24,9 +26,11 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks.machine import describe  # noqa: E402
+try:
+    from . import report
+except ImportError:  # run as `python benchmarks/profile_xla.py`: this folder is on sys.path
+    import report
+
 GROUPS = ("block weights", "attention", "output layer", "optimizer", "other")
 
 
@@ -131,7 +135,14 @@ def train_run(model, args):
     return run, args.steps
 
 
-def report(wall, times, groups):
+GROUP_COLUMNS = [report.column("group", "group"), report.column("ms", "ms", ".3f"),
+                 report.column("share", "share", ".0%")]
+OP_COLUMNS = [report.column("operation", "operation"), report.column("group", "group"),
+              report.column("ms", "ms", ".2f")]
+
+
+def summary(wall, times, groups, top=12):
+    """(facts, group rows, longest operations' rows), times in ms per unit."""
     by_group = collections.Counter()
     for name, seconds in times.items():
         by_group[groups.get(name, "other")] += seconds
@@ -139,15 +150,11 @@ def report(wall, times, groups):
     if not total:
         raise SystemExit("the profiler recorded no XLA operations (is this TensorFlow's profiler working?)")
     unmatched = sum(s for n, s in times.items() if n not in groups)
-    lines = [f"wall {wall * 1e3:.1f} ms; XLA operations {total * 1e3:.1f} ms "
-             f"({unmatched * 1e3:.1f} ms not found in the HLO dump, counted as other)",
-             "", "| group | ms | share |", "|---|---:|---:|"]
-    for group in GROUPS:
-        lines.append(f"| {group} | {by_group[group] * 1e3:.3f} | {by_group[group] / total:.0%} |")
-    lines += ["", "| operation | group | ms |", "|---|---|---:|"]
-    for name, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:12]:
-        lines.append(f"| {name} | {groups.get(name, 'other')} | {seconds * 1e3:.2f} |")
-    return "\n".join(lines)
+    facts = {"wall_ms": wall * 1e3, "operations_ms": total * 1e3, "unmatched_ms": unmatched * 1e3}
+    group_rows = [{"group": g, "ms": by_group[g] * 1e3, "share": by_group[g] / total} for g in GROUPS]
+    op_rows = [{"operation": name, "group": groups.get(name, "other"), "ms": seconds * 1e3}
+               for name, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:top]]
+    return facts, group_rows, op_rows
 
 
 def main(argv=None):
@@ -157,15 +164,30 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--length", type=int, default=160, help="new tokens (generate) or predicted tokens per row (train)")
     p.add_argument("--steps", type=int, default=3, help="train: steps profiled")
+    report.add_arguments(p, "profile-<mode>")
     args = p.parse_args(argv)
+    args.name = args.name.replace("<mode>", args.mode)
     dump_dir = tempfile.mkdtemp(prefix="profile_xla_")
     try:
-        run_profile(args, dump_dir)
+        wall, times, groups = run_profile(args, dump_dir)
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
+    facts, group_rows, op_rows = summary(wall, times, groups)
+    unit = "generated token (the whole batch's step)" if args.mode == "generate" else "training step"
+    what = (f"generating {args.length} tokens at batch {args.batch}" if args.mode == "generate" else
+            f"{args.steps} Adam steps on {args.batch} x {args.length} tokens")
+    notes = [f"One profiled call ({what}) after a warm-up one; ms per {unit}. Wall {facts['wall_ms']:.1f} ms; "
+             f"XLA operations {facts['operations_ms']:.1f} ms, of which {facts['unmatched_ms']:.1f} ms not "
+             f"found in the HLO dump (counted as other)."]
+    settings = {k: getattr(args, k) for k in ("model_dir", "mode", "batch", "length", "steps")}
+    settings.update(facts)
+    report.publish(args, f"Where the time goes: {args.mode}", [report.table(GROUP_COLUMNS, group_rows, "By group"),
+                   report.table(OP_COLUMNS, op_rows, "Longest operations")], tool=__file__, argv=argv,
+                   settings=settings, notes=notes)
 
 
 def run_profile(args, dump_dir):
+    """(wall seconds per unit, {operation: seconds per unit}, {operation: group})."""
     # both read when XLA first compiles: this process's own settings, added to the user's
     os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_xprof_traceme=true",
                                                       f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text")))
@@ -173,10 +195,7 @@ def run_profile(args, dump_dir):
     model = load_model(args.model_dir)
     run, units = (generate_run if args.mode == "generate" else train_run)(model, args)
     wall, times = profiled(run, units)
-    unit = "generated token (the whole batch's step)" if args.mode == "generate" else "step"
-    print(f"`python tools/profile_xla.py --model_dir {args.model_dir} {args.mode} --batch {args.batch} "
-          f"--length {args.length}`, per {unit}, on {describe()}\n")
-    print(report(wall, times, hlo_groups(dump_dir)))
+    return wall, times, hlo_groups(dump_dir)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,17 @@
-"""tools/benchmark_matmul.py: a product's rate per dtype and backend, PyTorch's where installed."""
-import re
-import subprocess
-import sys
-
-from conftest import ROOT
+"""benchmarks/benchmark_matmul.py: a product's rate per dtype and backend, PyTorch's where installed."""
 from benchmarks.benchmark_train import has_modules, hf_python
-from benchmarks.machine import describe
+from test_benchmarks import assert_report, rows, run_tool
 
 
-def test_rates_of_each_dtype_and_backend():
-    out = subprocess.run([sys.executable, "benchmarks/benchmark_matmul.py", "--m", "64", "--k", "96", "--n", "128",
-                          "--runs", "3"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "[64, 96] @ [96, 128], median of up to 3 calls" in out.stdout and describe() in out.stdout
-    rows = {(dtype, backend): float(rate)
-            for dtype, backend, rate in re.findall(r"^\| (\w+) \| (\w+) \| ([\d.]+) \|$", out.stdout, re.M)}
-    expected = {(dtype, backend) for dtype in ("float32", "bfloat16") for backend in ("XLA", "TensorFlow")}
+def test_a_row_per_dtype_and_backend(tmp_path):
+    done = run_tool("benchmark_matmul.py", "--m", "64", "--k", "96", "--n", "128", "--runs", "3",
+                    "--report", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "matmul", "benchmark_matmul.py")
+    expected = [(dtype, backend) for dtype in ("float32", "bfloat16") for backend in ("XLA", "TensorFlow")]
     if has_modules(hf_python(), "torch"):
-        expected |= {("float32", "PyTorch"), ("bfloat16", "PyTorch")}
-    assert set(rows) == expected, out.stdout
-    assert rows[("float32", "XLA")] > 0 and rows[("float32", "TensorFlow")] > 0
+        expected += [("float32", "PyTorch"), ("bfloat16", "PyTorch")]
+    assert [(r["dtype"], r["backend"]) for r in rows(data)] == expected
+    assert all(r["gflops"]["n"] == 3 for r in rows(data))
+    assert "[64, 96] @ [96, 128]" in data["notes"][0]
+    assert data["settings"] == {"m": 64, "k": 96, "n": 128, "runs": 3, "seconds": 20.0}

@@ -1,40 +1,28 @@
-"""tools/benchmark_train.py: each candidate's figures from its own process."""
-import re
+"""benchmarks/benchmark_train.py: each candidate in its own process, one report row each."""
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, TINY
-from benchmarks import benchmark_train
 from benchmarks.benchmark_train import flops_per_token
-from benchmarks.machine import describe
+from conftest import ROOT, TINY
+from test_benchmarks import assert_report, rows, run_tool
 
 
-def benchmark(*flags):
-    return subprocess.run([sys.executable, "benchmarks/benchmark_train.py", *flags], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600)
-
-
-def benchmark_here(monkeypatch, capsys, *flags):
-    """The tool's output, run in this process (each worker still in its own), and the
-    figures each worker returned."""
-    figures, run_worker = [], benchmark_train.run_worker
-    monkeypatch.setattr(benchmark_train, "run_worker", lambda *a: figures.append(run_worker(*a)) or figures[-1])
-    monkeypatch.setattr(sys, "argv", ["benchmark_train.py", *flags])
-    benchmark_train.main()
-    return capsys.readouterr().out, figures
-
-
-def test_accumulated_steps_count_every_micro_batch(tiny_dir, monkeypatch, capsys):
-    out, [figures] = benchmark_here(monkeypatch, capsys, "--model_dir", tiny_dir, "--batch", "2", "--length", "15",
-                                    "--steps", "2", "--warmup", "1", "--candidates", "tfgpt2", "--accumulate", "3")
-    assert "accumulating 3" in out and describe() in out  # the machine, with the figures
-    row = re.search(r"^\| tfgpt2 \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \|$", out, re.M)
-    assert row, out
-    tokens_per_s, gflops = map(float, row.groups())
-    assert abs(gflops - tokens_per_s * flops_per_token(TINY, 15) / 1e9) <= 0.5 + 0.01 * gflops
-    assert figures["tokens_per_step"] == 3 * 2 * 15 and figures["tokens_per_s"] > 0
+def test_accumulated_steps_count_every_micro_batch(tiny_dir, tmp_path):
+    done = run_tool("benchmark_train.py", "--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "2",
+                    "--warmup", "1", "--candidates", "tfgpt2", "--accumulate", "3", "--report", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "train", "benchmark_train.py")
+    [row] = rows(data)
+    assert row["implementation"] == "tfgpt2" and row["setup"] == "float32, XLA"
+    assert row["tokens_per_step"] == 3 * 2 * 15 and row["tokens_per_s"]["n"] == 2
+    assert "accumulating 3 micro-batches" in data["notes"][0]
+    # model GFLOP/s is tokens/s times the work per token, step by step
+    flops = flops_per_token(TINY, 15)
+    assert data["settings"]["flops_per_token"] == flops
+    for key in ("median", "min", "max"):
+        assert row["gflops"][key] == pytest.approx(row["tokens_per_s"][key] * flops / 1e9)
 
 
 def test_flops_per_token_of_124m():
@@ -46,18 +34,26 @@ def test_flops_per_token_of_124m():
 
 
 def test_accumulate_is_tfgpt2s_alone(tiny_dir):
-    out = benchmark("--model_dir", tiny_dir, "--accumulate", "2", "--candidates", "tfgpt2", "keras-hub")
+    out = subprocess.run([sys.executable, "benchmarks/benchmark_train.py", "--model_dir", tiny_dir, "--accumulate",
+                          "2", "--candidates", "tfgpt2", "keras-hub"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
     assert out.returncode == 2 and "--accumulate is tfgpt2's alone" in out.stderr
 
 
 @pytest.mark.slow
-def test_float32_baseline_runs_beside_the_options_given(tiny_dir, monkeypatch, capsys):
+def test_float32_baseline_runs_beside_the_options_given(tiny_dir, tmp_path):
     """tfgpt2-float32 trains in float32 with XLA whatever --precision and --no_xla say, while
-    tfgpt2 takes them: the two workers' own account of what they ran, and both rows."""
-    out, [options, baseline] = benchmark_here(
-        monkeypatch, capsys, "--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "1", "--warmup", "1",
-        "--candidates", "tfgpt2", "tfgpt2-float32", "--precision", "mixed_bfloat16", "--no_xla")
-    assert (options["precision"], options["xla"]) == ("mixed_bfloat16", False), options
-    assert (baseline["precision"], baseline["xla"]) == ("float32", True), baseline
-    for name in ("tfgpt2", "tfgpt2-float32"):
-        assert re.search(rf"^\| {name} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
+    tfgpt2 takes them: the workers' own account of what they ran, in the report's rows."""
+    done = run_tool("benchmark_train.py", "--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "1",
+                    "--warmup", "1", "--candidates", "tfgpt2", "tfgpt2-float32", "keras-hub",
+                    "--precision", "mixed_bfloat16", "--no_xla", "--repeats", "2", "--report", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "train", "benchmark_train.py")
+    setups = {r["implementation"]: r["setup"] for r in rows(data)}
+    assert setups.pop("tfgpt2") == "mixed_bfloat16" and setups.pop("tfgpt2-float32") == "float32, XLA"
+    assert setups in ({}, {"keras-hub": "float32, XLA"})  # where KerasHub is installed
+    for row in rows(data):
+        assert row["processes"] == 2 and row["first_step_s"]["n"] == 2 and row["tokens_per_s"]["n"] == 2
+    import importlib.util
+    if importlib.util.find_spec("keras_hub") is None:
+        assert "Not installed here: keras-hub." in data["notes"]

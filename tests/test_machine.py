@@ -1,4 +1,4 @@
-"""tools/machine.py: the machine line that the benchmarks print with their figures."""
+"""benchmarks/machine.py: the machine line that the benchmarks write with their figures."""
 import os
 
 from benchmarks.machine import FEATURES, cpu, describe

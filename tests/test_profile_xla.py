@@ -1,12 +1,8 @@
-"""tools/profile_xla.py: the XLA operations of a step, timed and put in groups."""
-import re
-import subprocess
-import sys
-
+"""benchmarks/profile_xla.py: the XLA operations of a step, timed and put in groups."""
 import pytest
 
 from benchmarks.profile_xla import GROUPS, group_of, op_times
-from conftest import ROOT
+from test_benchmarks import assert_report, rows, run_tool
 
 
 def test_groups_follow_the_tensorflow_op():
@@ -40,26 +36,29 @@ def test_op_times_counts_xla_operations_on_any_thread(tmp_path):
     assert times == {"while.9": 5, "dot.3": 5, "fusion.2": 4}
 
 
-def profile(model_dir, *args):
-    """The tool's group table, {group: ms}, and the ms it could not place."""
-    out = subprocess.run([sys.executable, "benchmarks/profile_xla.py", "--model_dir", model_dir, *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    table = dict(re.findall(r"^\| ([a-z ]+) \| ([\d.]+) \| \d+% \|$", out.stdout, re.M))
-    assert set(table) == set(GROUPS), out.stdout
-    unmatched = float(re.search(r"\(([\d.]+) ms not found", out.stdout).group(1))
-    return {k: float(v) for k, v in table.items()}, unmatched
+def profile(tmp_path, model_dir, *args):
+    """The tool's report, checked against its Markdown, for `args`."""
+    done = run_tool("profile_xla.py", "--model_dir", model_dir, *args, "--report", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), f"profile-{args[0]}", "profile_xla.py")
+    groups, operations = rows(data, 0), rows(data, 1)
+    assert [g["group"] for g in groups] == list(GROUPS)
+    settings = data["settings"]
+    # the groups add up to the operations' time, their shares to one, the longest operations come first
+    assert sum(g["ms"] for g in groups) == pytest.approx(settings["operations_ms"])
+    assert sum(g["share"] for g in groups) == pytest.approx(1)
+    assert 0 <= settings["unmatched_ms"] <= settings["operations_ms"] and settings["wall_ms"] > 0
+    assert 0 < len(operations) <= 12 and all(o["group"] in GROUPS for o in operations)
+    assert [o["ms"] for o in operations] == sorted((o["ms"] for o in operations), reverse=True)
+    return data
 
 
-def test_profile_of_generation_finds_each_product(tiny_dir):
-    groups, unmatched = profile(tiny_dir, "generate", "--batch", "2", "--length", "24")
-    assert groups["block weights"] > 0 and groups["attention"] > 0 and groups["output layer"] > 0
-    assert groups["optimizer"] == 0
-    assert unmatched < 0.1 * sum(groups.values())  # the HLO dump names the operations the profiler saw
+def test_profile_of_generation(tiny_dir, tmp_path):
+    data = profile(tmp_path, tiny_dir, "generate", "--batch", "2", "--length", "24")
+    assert data["title"] == "Where the time goes: generate" and data["settings"]["length"] == 24
 
 
 @pytest.mark.slow
-def test_profile_of_training_finds_the_update(tiny_dir):
-    groups, unmatched = profile(tiny_dir, "train", "--batch", "2", "--length", "16", "--steps", "2")
-    assert all(groups[g] > 0 for g in GROUPS)
-    assert unmatched < 0.1 * sum(groups.values())
+def test_profile_of_training(tiny_dir, tmp_path):
+    data = profile(tmp_path, tiny_dir, "train", "--batch", "2", "--length", "16", "--steps", "2")
+    assert data["settings"]["mode"] == "train" and "2 Adam steps on 2 x 16 tokens" in data["notes"][0]

@@ -1,0 +1,268 @@
+"""benchmarks/report.py, benchmarks/collect.py, and the tools' reports: each tool runs on a tiny
+model and writes a JSON report and a Markdown section that shows the same figures. Nothing here
+depends on how fast this machine is."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import collect, report
+from benchmarks.machine import describe
+from conftest import ROOT, SHARED
+
+KEYS = {"name", "title", "tool", "command", "machine", "versions", "date", "commit", "local_changes", "settings",
+        "notes", "tables", "headlines"}
+
+
+def run_tool(tool, *flags, env=None, timeout=600):
+    """`python benchmarks/<tool> FLAGS` from the repository root, as the docs say to run it."""
+    done = subprocess.run([sys.executable, f"benchmarks/{tool}", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+    return done
+
+
+def table_lines(markdown, columns):
+    """The rows of the Markdown table whose header row is `columns`' headers, as lists of cells."""
+    header = "| " + " | ".join(c["header"] for c in columns) + " |"
+    lines = markdown.splitlines()
+    start = lines.index(header) + 2  # header, alignment row
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("| "):
+            break
+        rows.append([c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return rows
+
+
+def assert_report(folder, name, tool):
+    """The report `name` in `folder`: every key, this machine and these versions, the command
+    that wrote it, and a Markdown file that is the JSON's rendering and shows each row's figures
+    (a spread's median first). Returns the JSON."""
+    with open(os.path.join(folder, f"{name}.json")) as f:
+        data = json.load(f)
+    with open(os.path.join(folder, f"{name}.md")) as f:
+        text = f.read()
+    assert set(data) == KEYS, data.keys()
+    assert data["name"] == name and data["tool"] == f"benchmarks/{tool}"
+    assert data["command"].startswith(f"python benchmarks/{tool} ")
+    assert data["machine"] == describe()
+    assert {"python", "tensorflow", "keras", "numpy", "tiktoken"} <= set(data["versions"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", data["date"])
+    assert re.fullmatch(r"[0-9a-f]{4,40}|unknown", data["commit"])
+    assert text == report.markdown(data)
+    assert text.startswith(f"## {data['title']}\n")
+    assert f"`{data['command']}`" in text and data["machine"] in text and data["date"][:10] in text
+    assert f"tensorflow {data['versions']['tensorflow']}" in text and f"commit {data['commit']}" in text
+    for t in data["tables"]:
+        shown = table_lines(text, t["columns"])
+        assert len(shown) == len(t["rows"])
+        for row, cells in zip(t["rows"], shown):
+            for c, cell in zip(t["columns"], cells):
+                value = row.get(c["key"])
+                assert cell == report.cell(value, c["format"]).replace("\\|", "|")
+                if report.is_spread(value):
+                    assert cell.split(" (")[0] == format(value["median"], c["format"])
+                    assert value["min"] <= value["median"] <= value["max"]
+    return data
+
+
+def rows(data, table=0):
+    return data["tables"][table]["rows"]
+
+
+def medians(row):
+    return {k: report.median(v) for k, v in row.items()}
+
+
+# ---- report.py ----------------------------------------------------------------------------
+
+def test_spread_and_cells():
+    s = report.spread([3, 1, 2, 10])
+    assert s == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    assert report.cell(s, ".1f") == "2.5 (1.0-10.0)"
+    assert report.cell(report.spread([2.0]), ".2f") == "2.00"  # one measurement: no range
+    assert report.cell(None, ".1f") == "n/a" and report.cell(True) == "yes" and report.cell("a|b") == "a\\|b"
+    assert report.cell(1234567.0, ",.0f") == "1,234,567"
+    with pytest.raises(ValueError):
+        report.spread([])
+
+
+def test_written_report_renders_its_json(tmp_path):
+    columns = [report.column("what", "what"), report.column("rate", "tokens/s", ".1f")]
+    data = report.build("fake", "Fake speed", [report.table(columns, [{"what": "x", "rate": report.spread([1, 2, 4])},
+                                                                     {"what": "y|z", "rate": None}])],
+                        tool=os.path.join(ROOT, "benchmarks", "fake.py"), argv=["--runs", "3", "--note", "a b"],
+                        notes=["Random weights."], settings={"runs": 3})
+    json_path, md_path = report.write(data, str(tmp_path / "out"), echo=False)
+    assert json_path.endswith("fake.json") and md_path.endswith("fake.md")
+    got = assert_report(str(tmp_path / "out"), "fake", "fake.py")
+    assert got["command"] == "python benchmarks/fake.py --runs 3 --note 'a b'"
+    text = (tmp_path / "out" / "fake.md").read_text()
+    assert "| x | 2.0 (1.0-4.0) |" in text and "| y\\|z | n/a |" in text and "Random weights." in text
+    assert "|---|---:|" in text  # numbers right-aligned
+
+
+def test_commit_is_unknown_outside_git(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert report.commit() == ("unknown", None)
+
+
+def test_commit_here_is_head():
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    assert report.commit()[0] == head.stdout.strip()
+
+
+# ---- collect.py ---------------------------------------------------------------------------
+
+def fake_report(folder, name, figure, headline=True):
+    columns = [report.column("what", "what"), report.column("ms", "ms", ".1f")]
+    data = report.build(name, f"Report {name}", [report.table(columns, [{"what": "a", "ms": figure}])],
+                        tool=os.path.join(ROOT, "benchmarks", f"{name}.py"), argv=[],
+                        headlines=[{"what": f"{name} a", "figure": f"{figure:.1f} ms"}] if headline else [])
+    report.write(data, str(folder), echo=False)
+
+
+def test_collect_pastes_the_sections_in_order(tmp_path):
+    reports, docs = tmp_path / "reports", tmp_path / "docs"
+    docs.mkdir()
+    for name, figure in (("zeta", 1.0), ("tokenizer", 2.0), ("generation", 3.0), ("train-bf16", 4.0)):
+        fake_report(reports, name, figure, headline=name != "zeta")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{collect.START}\nold\n{collect.END}\n\nafter\n")
+    assert collect.main(["--reports", str(reports), "--output", str(docs / "benchmarks.md"),
+                         "--readme", str(readme)]) == 0
+    page = (docs / "benchmarks.md").read_text()
+    assert page.startswith(collect.HEADER)
+    assert "python benchmarks/collect.py" in collect.HEADER
+    titles = re.findall(r"^## Report (\S+)$", page, re.M)
+    assert titles == ["generation", "train-bf16", "tokenizer", "zeta"]
+    for name in titles:
+        assert (reports / f"{name}.md").read_text().rstrip("\n") in page
+        assert f"](../reports/{name}.json)" in page
+    text = readme.read_text()
+    assert "old" not in text and text.endswith(f"{collect.END}\n\nafter\n")
+    assert "| generation a | 3.0 ms | [generation](reports/generation.json) |" in text
+    assert "zeta" not in text
+
+
+def test_collect_without_reports_says_so(tmp_path, capsys):
+    assert collect.main(["--reports", str(tmp_path), "--output", str(tmp_path / "b.md")]) == 1
+    assert "no reports" in capsys.readouterr().err
+
+
+def test_docs_page_is_the_committed_reports():
+    """docs/benchmarks.md is exactly what collect.py makes of benchmarks/reports/, and each
+    report's Markdown is its JSON's rendering."""
+    folder = os.path.join(ROOT, "benchmarks", "reports")
+    docs = os.path.join(ROOT, "docs", "benchmarks.md")
+    if not os.path.isdir(folder):
+        pytest.skip("no committed reports")
+    for name, data, text in collect.reports(folder):
+        assert text == report.markdown(data), name
+        assert set(data) == KEYS, name
+    with open(docs) as f:
+        assert f.read() == collect.page(folder, docs), "run python benchmarks/collect.py"
+
+
+# ---- the tools on a tiny model ------------------------------------------------------------
+
+def test_generation_report(tiny_dir, tmp_path):
+    done = run_tool("benchmark.py", "--model_dir", tiny_dir, "--batch", "2", "--candidates", "tfgpt2-xla",
+                    "--runs", "2", "--short", "4", "--long", "12", "--prompt_len", "4", "--report", str(tmp_path),
+                    "--note", "Tiny weights.")
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "generation", "benchmark.py")
+    [row] = rows(data)
+    assert (row["implementation"], row["batch"]) == ("tfgpt2-xla", 2)
+    assert "vs_reference" not in row and "error" not in row
+    assert row["step_ms"]["n"] == row["tokens_per_s"]["n"] == row["prefill_tokens_per_s"]["n"] == 2
+    assert row["peak_rss_mb"] >= row["loaded_rss_mb"] > 0
+    assert "Tiny weights." in data["notes"] and data["settings"]["runs"] == 2
+    assert [h["what"] for h in data["headlines"]] == ["generation, batch 2, tfgpt2-xla"]
+
+
+@pytest.mark.slow
+def test_generation_report_against_the_reference(tiny_dir, tmp_path):
+    from conftest import require_reference
+    require_reference()
+    done = run_tool("benchmark.py", "--model_dir", tiny_dir, "--batch", "1", "2", "--candidates", "tfgpt2-xla",
+                    "reference", "--runs", "2", "--short", "4", "--long", "12", "--prompt_len", "8",
+                    "--report", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "generation", "benchmark.py")
+    by = {(r["implementation"], r["batch"]): r for r in rows(data)}
+    assert set(by) == {("tfgpt2-xla", 1), ("reference", 1), ("tfgpt2-xla", 2), ("reference", 2)}
+    assert "fails at batch > 1" in by["reference", 2]["error"]
+    ours, theirs = by["tfgpt2-xla", 1], by["reference", 1]
+    assert ours["vs_reference"] == pytest.approx(ours["step_ms"]["median"] / theirs["step_ms"]["median"])
+    assert theirs["loaded_rss_mb"] is None
+
+
+def test_tokenizer_report(tmp_path):
+    done = run_tool("benchmark_tokenizer.py", "--mb", "0.02", "--runs", "2", "--report", str(tmp_path),
+                    "--name", "tok")
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "tok", "benchmark_tokenizer.py")
+    assert [r["operation"] for r in rows(data)] == ["encode (one text)", "encode_batch (lines)", "decode"]
+    reference = (SHARED / "openai-gpt-2" / "src" / "encoder.py").is_file()
+    assert data["settings"]["reference"] is reference
+    for row in rows(data):
+        assert row["tfgpt2"]["n"] == 2 and row["tokens"] > 0
+        if reference:
+            assert row["speedup"] == pytest.approx(row["tfgpt2"]["median"] / row["reference"]["median"])
+    if reference:
+        assert data["settings"]["identical_ids"] is True
+
+
+def test_gpu_check_without_a_gpu_says_so(tmp_path):
+    done = run_tool("gpu_check.py", "--report", str(tmp_path), env={"CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "nothing checked" in done.stderr.lower()
+    assert not os.listdir(tmp_path)
+
+
+def test_gpu_check_script_without_nvidia_smi_says_so(tmp_path):
+    """The shell script stops before Python where there is no nvidia-smi on PATH."""
+    if any(os.path.exists(f"{d}/nvidia-smi") for d in ("/usr/bin", "/bin")):
+        pytest.skip("nvidia-smi is in /usr/bin here")
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--report", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PATH="/usr/bin:/bin", PYTHON="/nonexistent/python"))
+    assert done.returncode == 0 and "no NVIDIA GPU visible" in done.stderr, done.stderr
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_on_the_cpu(tiny_dir, tmp_path):
+    """--cpu-only: every step of the GPU check, with the CPU as the device."""
+    done = run_tool("gpu_check.py", "--cpu-only", "--model_dir", tiny_dir, "--batch", "1", "--short", "4", "--long",
+                    "12", "--runs", "1", "--greedy", "6", "--train_batch", "1", "--train_length", "8", "--steps", "1",
+                    "--report", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "cpu-dry-run", "gpu_check.py")
+    checks, decode, train = (rows(data, i) for i in range(3))
+    assert all(c["ok"] is not False for c in checks) and data["settings"]["checks_passed"] is True
+    assert checks[0]["value"] <= 5e-4 and checks[3]["ok"] is True
+    assert [(r["dtype"], r["batch"]) for r in decode] == [("float32", 1), ("bfloat16", 1)]
+    assert [r["precision"] for r in train] == ["float32", "mixed_bfloat16"]
+    assert data["headlines"] == [] and "Dry run" in data["notes"][0]
+
+
+@pytest.mark.slow
+def test_export_report(tiny_dir, tmp_path):
+    done = run_tool("benchmark_export.py", "--model_dir", tiny_dir, "--batch", "1", "--runs", "2", "--short", "4",
+                    "--long", "12", "--report", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "export", "benchmark_export.py")
+    [sizes], paths = rows(data, 0), rows(data, 1)
+    assert sizes["saved_model_mb"] >= sizes["variables_mb"] > 0 and sizes["export_s"] > 0
+    assert [(r["batch"], r["path"]) for r in paths] == [(1, "in-process XLA"), (1, "SavedModel")]
+    assert paths[0]["vs_in_process"] == 1
+    assert paths[1]["vs_in_process"] == pytest.approx(paths[1]["ms_per_token"]["median"]
+                                                      / paths[0]["ms_per_token"]["median"])
