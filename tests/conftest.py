@@ -1,8 +1,10 @@
 """Shared fixtures. `../shared` (beside the repository root) holds the reference code and
 vocabulary; tests that need it skip with a reason where it is absent.
 
-Model folders are written once per test run by the code behind `tools/make_checkpoint.py`,
-with weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits.
+Model folders are written once per test worker by `tfgpt2.testing.checkpoints.make_checkpoint`
+(the code behind `tfgpt2 make-checkpoint`), with weights of std >= 0.1 so that a wrong mask,
+scale or epsilon shows in the logits. The 124M-shaped model is loaded once per worker
+(`gpt2_124m`) for the tests that only read it.
 """
 import collections
 import os
@@ -10,6 +12,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tfgpt2.testing.compare import ATOL  # noqa: E402,F401  the one tolerance against the reference
@@ -71,3 +74,15 @@ def wide_dir(tmp_path_factory):
 def gpt2_124m_dir(tmp_path_factory):
     """124M-shaped weights of std 0.1 (about 500 MB on disk)."""
     return _folder(tmp_path_factory, "124M", published_hparams("124M"), 0.1)
+
+
+@pytest.fixture(scope="session")
+def gpt2_124m(gpt2_124m_dir):
+    """The 124M-shaped model of `gpt2_124m_dir`, loaded once per worker: for tests that only
+    read it (never assign its weights; generating is fine)."""
+    from tfgpt2 import load_model
+    model = load_model(gpt2_124m_dir)
+    sums = [float(np.sum(v.numpy(), dtype=np.float64)) for v in model.weights]
+    yield model
+    changed = [v.path for v, s in zip(model.weights, sums) if float(np.sum(v.numpy(), dtype=np.float64)) != s]
+    assert not changed, f"a test changed the shared gpt2_124m model: {changed}"

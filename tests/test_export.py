@@ -1,4 +1,5 @@
-"""tfgpt2/export.py and tools/export_saved_model.py: the SavedModel, loaded with TensorFlow alone.
+"""tfgpt2/formats/saved_model.py and `tfgpt2 export` (tfgpt2/cli/export.py): the SavedModel,
+loaded with TensorFlow alone.
 
 Requests to a loaded SavedModel run in one fresh process per model (`serve`), which must not
 import tfgpt2; each test compares its share of the answers with the library in this process.
@@ -265,11 +266,13 @@ def test_greedy_matches_the_reference(answers, tiny_dir):
             np.testing.assert_array_equal(answers["greedy"]["output_ids"][row], theirs[0], err_msg=f"row {row}")
 
 
-def test_overflowing_requests_are_refused_at_once(answers):
-    """max_new_tokens near 2**31 once overflowed the length check and ran until killed."""
+def test_overflowing_requests_are_refused_before_anything_is_allocated(answers):
+    """max_new_tokens near 2**31 once overflowed the length check and ran until killed: now
+    refused (test_bad_requests_fail_with_a_message) before a buffer of that length is made (one
+    of 2**31 int32 tokens alone is 8 GB)."""
     for name in ("max_new_tokens 2**31-1", "max_new_tokens 2**31-2"):
-        seconds, growth_kb = answers["costs"][name]
-        assert seconds < 5 and growth_kb < 100_000, f"{name}: {seconds:.1f} s, +{growth_kb / 1e3:.0f} MB"
+        _, growth_kb = answers["costs"][name]
+        assert isinstance(answers[name], str) and growth_kb < 100_000, f"{name}: +{growth_kb / 1e3:.0f} MB"
 
 
 @pytest.mark.parametrize("name, message", [
@@ -323,17 +326,17 @@ def test_saved_model_cli_show_and_run(exported, tiny, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "lengths.npy"), [10])
 
 
-def test_124m_one_copy_of_wte_and_logits(gpt2_124m_dir, tmp_path):
-    exported = export_saved_model(gpt2_124m_dir, str(tmp_path / "gpt2"))
+def test_124m_one_copy_of_wte_and_logits(gpt2_124m, gpt2_124m_dir, tmp_path):
+    exported = export_saved_model(gpt2_124m, str(tmp_path / "gpt2"))
     assert_one_copy(exported, gpt2_124m_dir)
     tokens = ids(12, 2, 9)
     answer = serve({"logits": (exported, "serving_default", dict(input_ids=tokens))}, tmp_path)["logits"]
-    expected = load_model(gpt2_124m_dir)(tokens)["logits"].numpy()
+    expected = gpt2_124m(tokens)["logits"].numpy()
     assert np.abs(answer["logits"] - expected).max() <= ATOL
 
 
 FUZZ = """
-import resource, sys
+import collections, resource, sys
 import numpy as np
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -342,75 +345,163 @@ saved_model, n_vocab, n_ctx, examples = sys.argv[1], int(sys.argv[2]), int(sys.a
 generate = tf.saved_model.load(saved_model).signatures["generate"]
 DTYPES = dict(input_ids=np.int32, attention_mask=np.int32, max_new_tokens=np.int32, temperature=np.float32,
               top_k=np.int32, top_p=np.float32, seed=np.int64)
-INTS = [-2**31, -5, 0, 1, 3, 8, n_ctx, 2**31 - 2, 2**31 - 1]
-FLOATS = [float("nan"), float("inf"), -float("inf"), -1.0, 0.0, 0.5, 1.0, 1.5, 1e30]
-NAMES = {"input_ids": ["token ids", "input_ids"], "attention_mask": ["attention_mask", "prompt"],
-         "max_new_tokens": ["max_new_tokens"], "temperature": ["temperature"], "top_k": ["top_k"],
-         "top_p": ["top_p"], "seed": ["seed"]}
+TF_NAMES = {np.int32: "int32", np.float32: "float", np.int64: "int64"}
+OPTIONS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed"]
+NAN, INF = float("nan"), float("inf")
+GOOD = dict(max_new_tokens=[1, 3, 8], temperature=[0.0, 1.0, 0.7, 1e30], top_k=[0, 1, 40, 2**31 - 1],
+            top_p=[1.0, 0.9, 0.0], seed=[0, 7, -1, 2**62])
+BAD = dict(max_new_tokens=[0, -5, -2**31, n_ctx, 2**31 - 2, 2**31 - 1], temperature=[NAN, INF, -INF, -1.0],
+           top_k=[-5, -2**31], top_p=[NAN, INF, -INF, -1.0, 1.5, 1e30], seed=[])
+BAD_IDS = [n_vocab, -1, 2**31 - 1, -2**31]
+
+
+def refusals(req):
+    \"\"\"The messages the signature may refuse `req` with: one for each check that fails and
+    whose inputs passed the checks before it (checks that do not depend on one another run in
+    no fixed order, so where several fail, any one of them may be the error). Empty: the
+    request must succeed.\"\"\"
+    for field, dtype in DTYPES.items():
+        if req[field].dtype != dtype:  # refused as the signature's input, before any check
+            given = {"float64": "double"}.get(req[field].dtype.name, req[field].dtype.name)
+            return {f"expected to be a {TF_NAMES[dtype]} tensor but is a {given} tensor"}
+    found, option = set(), {}
+    for name in OPTIONS:
+        x = req[name]
+        if x.ndim > 1:
+            found.add(f"[{name} must be a scalar or one value per row")
+        elif x.size == 0:
+            found.add(f"[{name} is empty")
+        elif not (np.all(x == x.flat[0]) or (np.isnan(x).all() if x.dtype.kind == "f" else False)):
+            found.add(f"[{name} must be the same for every row]")
+        else:
+            option[name] = x.flat[0]
+    ids, mask, lengths = req["input_ids"], req["attention_mask"], None
+    for field, x in (("input_ids", ids), ("attention_mask", mask)):
+        if x.ndim != 2:
+            found.add(f"Shape of tensor {field} [{','.join(map(str, x.shape))}] is not compatible with expected "
+                      "shape [?,?]")
+    if ids.ndim == mask.ndim == 2:
+        if ids.shape != mask.shape:
+            found.add("[attention_mask must have the shape of input_ids]")
+        else:
+            zero_one, left = np.isin(mask, [0, 1]).all(), (mask[:, 1:] >= mask[:, :-1]).all()
+            if not zero_one:
+                found.add("[attention_mask must hold only 0 and 1]")
+            if not left:
+                found.add("[attention_mask must be left padding: 0s, then 1s, in each row")
+            if zero_one and left:
+                lengths, prompt = mask.sum(axis=1), np.where(mask == 1, ids, 0)
+    if lengths is not None:
+        if not (lengths > 0).all():
+            found.add("[every prompt needs at least one token (use start_token for none)]")
+        bad = prompt[(prompt < 0) | (prompt >= n_vocab)][:3]
+        if bad.size:
+            found.add(f"[token ids must be in [0, n_vocab={n_vocab})] [{' '.join(map(str, bad))}]")
+    if "max_new_tokens" in option:
+        length = int(option["max_new_tokens"])
+        if length < 1:
+            found.add(f"[length (max_new_tokens) must be >= 1] [{length}]")
+        if lengths is not None and int(lengths.max()) + length - 1 > n_ctx:
+            found.add(f"[prompt tokens + length (max_new_tokens) - 1 must be <= n_ctx={n_ctx}; longest prompt and "
+                      f"length] [{int(lengths.max())}] [{length}]")
+    if "temperature" in option and not (np.isfinite(option["temperature"]) and option["temperature"] >= 0):
+        found.add(f"[temperature must be a finite number >= 0] [{float(option['temperature']):g}]")
+    if "top_k" in option and option["top_k"] < 0:
+        found.add(f"[top_k must be >= 0] [{int(option['top_k'])}]")
+    if "top_p" in option and not 0 <= option["top_p"] <= 1:
+        found.add(f"[top_p must be in [0, 1]] [{float(option['top_p']):g}]")
+    return found
 
 
 @st.composite
 def requests(draw):
+    \"\"\"A request of good values only, or with one check's input made bad, or of good and bad
+    values mixed.\"\"\"
+    mode = draw(st.sampled_from(["good", "one fault", "one fault", "mixed"]))
+    mixed = mode == "mixed"
     batch, width = draw(st.integers(1, 3)), draw(st.integers(1, 5))
-    token = st.sampled_from([0, 1, 7, n_vocab - 1] * 8 + [n_vocab, -1, 2**31 - 1])
+    token = st.sampled_from([0, 1, 7, n_vocab - 1] * 8 + (BAD_IDS if mixed else []))
     ids = draw(st.lists(token, min_size=batch * width, max_size=batch * width))
-    real = draw(st.lists(st.integers(0, width), min_size=batch, max_size=batch))
+    real = draw(st.lists(st.integers(0 if mixed else 1, width), min_size=batch, max_size=batch))
     mask = np.array([[0] * (width - r) + [1] * r for r in real], np.int32)
-    if draw(st.integers(0, 4)) == 0:
+    if mixed and draw(st.integers(0, 4)) == 0:
         mask = np.array(draw(st.lists(st.sampled_from([0, 1, 2, -1]), min_size=batch * width,
                                       max_size=batch * width)), np.int32).reshape(batch, width)
-    req = dict(input_ids=np.array(ids, np.int64).astype(np.int32).reshape(batch, width), attention_mask=mask,
-               max_new_tokens=draw(st.sampled_from([1, 3, 8] * 3 + INTS)),
-               temperature=draw(st.sampled_from([0.0, 1.0, 0.7] * 3 + FLOATS)),
-               top_k=draw(st.sampled_from([0, 1, 40] * 3 + INTS)),
-               top_p=draw(st.sampled_from([1.0, 0.9] * 3 + FLOATS)), seed=draw(st.sampled_from([0, 7, -1, 2**62])))
-    req = {k: np.asarray(v, DTYPES[k]) for k, v in req.items()}
-    changed = None
-    if draw(st.integers(0, 9)) == 0:  # a wrong dtype or rank for one field
+    req = dict(input_ids=np.array(ids, np.int64).astype(np.int32).reshape(batch, width), attention_mask=mask)
+    for name in OPTIONS:
+        req[name] = np.asarray(draw(st.sampled_from(GOOD[name] * 3 + BAD[name] if mixed else GOOD[name])),
+                               DTYPES[name])
+    if mode == "one fault":
+        fault = draw(st.sampled_from(["input_ids", "attention_mask", "dtype", "rank", "per row"] + sorted(BAD)))
+        if fault == "input_ids":
+            rows, columns = np.nonzero(req["attention_mask"])
+            at = draw(st.integers(0, len(rows) - 1))
+            req["input_ids"][rows[at], columns[at]] = draw(st.sampled_from(BAD_IDS))
+        elif fault == "attention_mask":
+            row = draw(st.integers(0, batch - 1))
+            req["attention_mask"][row] = draw(st.sampled_from([[0] * width, [1] + [0] * (width - 1),
+                                                               [0] * (width - 1) + [2]]))
+        elif fault in ("dtype", "rank"):
+            field = draw(st.sampled_from(sorted(req)))
+            x = req[field]
+            req[field] = x.astype(np.float64) if fault == "dtype" else x[None, None] if x.ndim == 0 else x[None]
+        elif fault == "per row":
+            name = draw(st.sampled_from(OPTIONS))
+            req[name] = np.arange(batch).astype(req[name].dtype)
+        elif BAD[fault]:
+            req[fault] = np.asarray(draw(st.sampled_from(BAD[fault])), DTYPES[fault])
+    if mixed and draw(st.integers(0, 9)) == 0:  # a wrong dtype or rank for one field
         changed = draw(st.sampled_from(sorted(req)))
         req[changed] = draw(st.sampled_from([req[changed].astype(np.float64), req[changed][None], np.array([])]))
-    for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed"):  # one value per row, maybe unequal
+    for name in OPTIONS:  # one value per row, maybe unequal
         if req[name].ndim == 0 and draw(st.integers(0, 4)) == 0:
-            req[name] = np.repeat(req[name], batch) if draw(st.booleans()) else np.arange(batch).astype(req[name].dtype)
-    return req, changed
+            unequal = mixed and draw(st.booleans())
+            req[name] = np.arange(batch).astype(req[name].dtype) if unequal else np.repeat(req[name], batch)
+    return req
 
 
-outcomes = {"ok": 0, "refused": 0}
+outcomes = collections.Counter()
 
 
 @settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(requests())
-def check(request):
-    req, changed = request
+def check(req):
+    expected = refusals(req)
     try:
         out = generate(**{k: tf.constant(v) for k, v in req.items()})
     except (tf.errors.InvalidArgumentError, TypeError, ValueError) as e:
         message = str(e)
-        named = any(word in message for words in NAMES.values() for word in words)
-        assert named or (changed and ("expected to be a" in message or "is not compatible" in message)), message[:800]
-        outcomes["refused"] += 1
+        assert expected, f"refused a good request {req}: {message[:800]}"
+        hits = [m for m in expected if m in message]
+        assert hits, f"request {req}: expected one of {sorted(expected)}, got {message[:800]}"
+        outcomes[hits[0].split("]")[0][:40]] += 1
         return
+    assert not expected, f"request {req} was not refused; expected one of {sorted(expected)}"
     ids, lengths = out["output_ids"].numpy(), out["lengths"].numpy()
     new = int(np.reshape(req["max_new_tokens"], [-1])[0])
     assert ids.shape == (req["input_ids"].shape[0], req["input_ids"].shape[1] + new)
+    np.testing.assert_array_equal(ids[:, :-new], req["input_ids"])
     assert ((0 <= ids[:, -new:]) & (ids[:, -new:] < n_vocab)).all() and ((0 <= lengths) & (lengths <= new)).all()
     outcomes["ok"] += 1
 
 
 start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 check()
-print(outcomes["ok"], outcomes["refused"], (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) // 1024)
+print(dict(outcomes))
+print(outcomes.pop("ok", 0), sum(outcomes.values()), len(outcomes),
+      (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) // 1024)
 """
 
 
-def test_fuzzed_requests_succeed_or_name_the_field(exported, tmp_path):
+def test_fuzzed_requests_succeed_or_fail_with_the_checks_message(exported, tmp_path):
     """Random requests (dtypes, ranks, extreme and NaN values, masks) to the SavedModel in a
-    TensorFlow-only process: each gives valid output or an error naming a field; none hangs,
-    and memory stays bounded."""
+    TensorFlow-only process: each good one gives valid output, each bad one is refused with the
+    message (and the values it shows) of a check it fails, worked out here from the request
+    (`refusals`); none hangs, and memory stays bounded."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", FUZZ, exported, "50257", "64", "60"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ok, refused, growth_mb = map(int, result.stdout.split()[-3:])
-    assert ok >= 5 and refused >= 5, (ok, refused)
+    ok, refused, kinds, growth_mb = map(int, result.stdout.split()[-4:])
+    assert ok >= 5 and refused >= 5 and kinds >= 4, result.stdout
     assert growth_mb < 1000, f"memory grew {growth_mb} MB over the requests"

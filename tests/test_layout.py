@@ -7,6 +7,7 @@ Everything here is static (`ast` over every `tfgpt2/**/*.py`), so it runs in mil
 sees imports inside functions too, which run only when called."""
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,41 @@ def test_the_graph_sees_the_packages_imports(graph):
     assert "tfgpt2.sample" in {t for t, _ in graph["tfgpt2.cli.common"]}  # inside a function
     assert "tfgpt2.cli.main" in {t for t, _ in graph["tfgpt2.params"]}  # under __main__, absolute
     assert {"tfgpt2", "tfgpt2.model", "tfgpt2.sample", "tfgpt2.decoding.loop", "tfgpt2.cli.main"} <= set(graph)
+
+
+def test_every_import_of_the_package_names_one_of_its_modules(graph):
+    """An import of a tfgpt2 module that does not exist (left behind by a move) fails only when
+    its function runs; here it fails at once."""
+    missing = [(m, t, line) for m, edges in graph.items() for t, line in edges
+               if within(t, ["tfgpt2"]) and t not in graph]
+    assert not missing, "imports of modules that do not exist: " + ", ".join(
+        f"{m} (line {line}) imports {t}" for m, t, line in sorted(missing))
+
+
+def module_strings(path):
+    """(line, text) of each string in a module's code (not its docstrings) that reads as a
+    dotted tfgpt2 module name, as `python -m` or importlib take one."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and re.fullmatch(r"tfgpt2(\.\w+)+", node.value)]
+
+
+def test_module_names_in_strings_name_modules_that_exist():
+    """`python -m tfgpt2.X` run by the package (the reference's child process, the workers of
+    generate_batch) and names handed to importlib: each a module of the package."""
+    found = modules()
+    missing = [(name, line, text) for name, path in found.items() for line, text in module_strings(path)
+               if text not in found]
+    assert not missing, missing
+
+
+def test_every_command_has_its_module():
+    from tfgpt2.cli.main import COMMANDS
+    assert not [m for m, _ in COMMANDS.values() if f"tfgpt2.cli.{m}" not in modules()]
 
 
 def test_no_import_circle(graph):

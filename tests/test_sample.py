@@ -3,8 +3,6 @@ model, and the statistics of top-k, top-p and temperature."""
 import concurrent.futures
 import gc
 import logging
-import re
-import time
 import weakref
 
 import numpy as np
@@ -19,8 +17,9 @@ from tfgpt2.testing.reference import Reference
 from tfgpt2.decoding import layouts
 from tfgpt2.decoding.cache import call_with_cache, empty_cache, project
 from tfgpt2.decoding.layouts import SPLIT_K, transpose_pays
-from tfgpt2.decoding.loop import generator_for
+from tfgpt2.decoding.loop import Generator, generator_for
 from tfgpt2.decoding.plan import plan
+from tfgpt2 import sample as sample_module
 from tfgpt2.sample import choose, generate, sample_sequence, top_k_logits, top_p_logits
 
 
@@ -45,11 +44,11 @@ def greedy_uncached(model, prompt, length):
 # ---- against the reference --------------------------------------------------------------
 
 @pytest.mark.slow
-def test_greedy_matches_reference_124m(gpt2_124m_dir):
+def test_greedy_matches_reference_124m(gpt2_124m, gpt2_124m_dir):
     """Batch 2, 64 new tokens; the reference's sample_sequence only runs at batch 1 (its
     top_p_logits fails above), so each of our rows is compared with the reference on that row."""
     src = require_reference()
-    model = load_model(gpt2_124m_dir)
+    model = gpt2_124m
     context = np.array(prompts_for(0, [5, 5]))
     ours = sample_sequence(model=model, context=context, length=64, top_k=1, seed=0)
     assert ours.shape == (2, 5 + 64)
@@ -125,21 +124,45 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
         np.testing.assert_allclose(step.numpy()[0], full[0, 5], atol=ATOL, rtol=0)
 
 
+def graph_def(function, *args):
+    """The GraphDef of a tf.function traced for args (its loops' and branches' functions in its
+    library); nothing compiled."""
+    return function.get_concrete_function(*args).graph.as_graph_def()
+
+
+def all_nodes(graph_def):
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+
+
+def while_loops(graph_def):
+    return sum(n.op in ("While", "StatelessWhile") for n in all_nodes(graph_def))
+
+
+def products(graph_def):
+    return [n for n in all_nodes(graph_def) if n.op == "MatMul" or n.op.startswith("BatchMatMul")]
+
+
 @pytest.mark.parametrize("layout, rows, batched", [(8, 1, True), (8, 2, False), (None, 1, False), (7, 1, False)])
 def test_split_layout_is_one_batched_product_of_the_weight_as_stored(layout, rows, batched):
-    """At one row, `layout` k is one dot with a batch dimension whose weight operand is the
-    variable itself, reshaped (in XLA's optimized HLO a bitcast: no copy); at more rows, without
-    it, or where k does not divide nx, the plain product."""
+    """At one row, `layout` k is one product with a batch dimension whose weight operand is the
+    variable itself, reshaped (a reshape of a row-major array, which XLA makes a bitcast: no
+    copy, no transpose); at more rows, without it, or where k does not divide nx, the plain
+    product. The same numbers either way."""
     conv = Conv1D(64, 32)
     conv.build()
     x = tf.random.normal([rows, 64])
-    hlo = tf.function(lambda x: project(conv, x, layout), jit_compile=True).experimental_get_compiler_ir(x)(
-        "optimized_hlo")
-    dots = re.findall(r"= f32\S+ dot\(%(\S+), %(\S+)\), (lhs_batch_dims=\{0\})?", hlo)
-    assert len(dots) == 1 and bool(dots[0][2]) == batched, hlo
+    graph = tf.function(lambda x: project(conv, x, layout)).get_concrete_function(x).graph
+    (product,) = [op for op in graph.get_operations() if op.type == "MatMul" or op.type.startswith("BatchMatMul")]
+    assert product.type.startswith("BatchMatMul") == batched, product.type
     if batched:
-        weight = re.search(r"%(\S+) = f32\[1,64,32\]\S* parameter", hlo).group(1)
-        assert re.search(rf"%{re.escape(dots[0][1])} = f32\[8,8,32\]\S* bitcast\(%{re.escape(weight)}\)", hlo), hlo
+        weight = product.inputs[1].op
+        while weight.type in ("Identity", "Cast"):
+            weight = weight.inputs[0].op
+        assert weight.type == "Reshape" and weight.outputs[0].shape == (8, 8, 32), weight
+        source = weight.inputs[0].op
+        while source.type in ("Identity", "Cast"):
+            source = source.inputs[0].op
+        assert source.type == "ReadVariableOp", source  # the variable as stored
     np.testing.assert_allclose(project(conv, x, layout).numpy(), conv(x).numpy(), atol=1e-5)
 
 
@@ -158,66 +181,119 @@ def loop_args(model, batch, longest, length, *, prompt=None, seed=0):
         tf.constant(length), *SAMPLED, tf.constant(seed, tf.int64), tf.constant(50256), tf.constant(False))
 
 
-@pytest.mark.parametrize("batch,longest", [(1, 1), (3, 1), (1, 5), (3, 5)])
-def test_generation_updates_the_cache_in_place(tiny, batch, longest):
-    """The compiled generation program writes each step's keys and values into the loop's
-    cache buffers and reads them there: no copy of a whole cache, with a prompt to run first
-    (longest > 1) or none. (With a [batch, heads, T, features] cache, XLA copied it four times
-    a step at batch 1: 1.65x the time per token at 800 new tokens on 124M.) Zeros copied into
-    the buffers once, before the loop, are their initialization, not a copy."""
+@pytest.fixture(scope="module")
+def loop_graph(tiny):
+    """The GraphDef of the tiny model's generation program for `loop_args(tiny, batch, longest,
+    40)` (and `choose`'s filters, if given), each traced once for the module, never compiled."""
+    graphs = {}
+
+    def traced(batch, longest, *filters):
+        if (batch, longest, filters) not in graphs:
+            _, generator, args = loop_args(tiny, batch, longest, 40)
+            graphs[batch, longest, filters] = graph_def(generator.generate_padded, *args, *filters)
+        return graphs[batch, longest, filters]
+    return traced
+
+
+def consumers(nodes, name):
+    """The nodes of a function (or graph) that read node `name`'s output."""
+    return [n for n in nodes if any(i.lstrip("^").split(":")[0] == name for i in n.input if not i.startswith("^"))]
+
+
+@pytest.mark.parametrize("batch,longest", [(1, 1), (3, 5)])
+def test_generation_updates_the_cache_in_place(tiny, loop_graph, batch, longest):
+    """The generation loop writes each step's keys and values into the loop's cache buffers
+    (`XlaDynamicUpdateSlice` of the loop variable) and its attention products read the updated
+    buffers as they are, as does the next step: no reshape, transpose or copy of a whole cache
+    between an update and its readers, which XLA would turn into a copy of the cache at each
+    step (with a [batch, heads, T, features] cache reshaped for the product, XLA copied it four
+    times a step at batch 1: 1.65x the time per token at 800 new tokens on 124M). The prompt's
+    pass (longest > 1) hands its updated buffers to the loop as they are too."""
     hp = tiny.hparams
-    _, generator, args = loop_args(tiny, batch, longest, 40)
-    total = int(args[3].shape[1])
-    hlo = generator.generate_padded.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
-    head = hp.n_embd // hp.n_head
-    cache_shapes = (f"f32[{batch * hp.n_head},{total},{head}]", f"f32[{batch},{hp.n_head},{total},{head}]")
-    updates = [line for line in hlo.splitlines() if "dynamic-update-slice" in line and " fusion(" in line
-               and line.split(" = ")[1].startswith(cache_shapes[0])]
-    # the loop's: keys and values of each layer, written into the loop's own buffer
-    assert len(updates) == 2 * hp.n_layer and all(" fusion(%get-tuple-element" in u for u in updates), hlo
-    copies = [line for line in hlo.splitlines() if re.search(r" = (\S+) copy\((?!%\S*broadcast)", line)
-              and re.search(r" = (\S+) copy\(", line).group(1).split("{")[0] in cache_shapes]
-    assert not copies, "\n".join(copies)
+    graph = loop_graph(batch, longest)
+    (body,) = [f for f in graph.library.function if f.signature.name.startswith("while_body")]
+    inputs = {a.name for a in body.signature.input_arg}
+    updates = [n for n in body.node_def if n.op == "XlaDynamicUpdateSlice"]
+    assert len(updates) == 2 * hp.n_layer
+    for update in updates:
+        assert update.input[0] in inputs, f"{update.name} updates {update.input[0]}, not the loop's buffer"
+        readers = sorted(n.op for n in consumers(body.node_def, update.name))
+        assert readers[:1] == ["BatchMatMulV2"] and readers[1:] == ["Identity"], (update.name, readers)
+        (out,) = [n for n in consumers(body.node_def, update.name) if n.op == "Identity"]
+        assert f"{out.name}:output:0" in body.ret.values(), f"{update.name} is not the loop's next buffer"
+    prefill = [n for n in graph.node if n.op == "XlaDynamicUpdateSlice"]
+    assert len(prefill) == (2 * hp.n_layer if longest > 1 else 0)
+    for update in prefill:
+        assert sorted(n.op for n in consumers(graph.node, update.name)) == ["BatchMatMulV2", "While"], update.name
 
 
 def test_the_sampler_is_compiled_once(tiny):
     """As the original's `sample_sequence`, the prompt but its last token fills the cache and
     the loop does the rest, so the program holds the sampler (its bisection loops) once, in the
     loop, not a second time for the first new token (about 30 MB less peak RSS for 124M)."""
-    _, generator, args = loop_args(tiny, 1, 1, 40)
-    whiles = lambda hlo: len(re.findall(r" while\(", hlo))  # noqa: E731
-    program = whiles(generator.generate_padded.experimental_get_compiler_ir(*args)(stage="hlo"))
-    sampler = tf.function(lambda logits, t, k, p: choose(logits, temperature=t, top_k=k, top_p=p, seed=[0, 0]),
-                          jit_compile=True)
-    alone = whiles(sampler.experimental_get_compiler_ir(tf.zeros([1, tiny.hparams.n_vocab]), *SAMPLED)(stage="hlo"))
-    assert alone >= 1 and program == 1 + alone, (program, alone)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(tf.compat.v1.get_default_graph().name)
+        return choose(*args, **kwargs)
+    _, _, args = loop_args(tiny, 1, 5, 40)
+    generator = Generator(tiny, counted)
+    graph = graph_def(generator.generate_padded, *args)
+    assert len(calls) == 1 and "while_body" in calls[0], calls
+    alone = graph_def(tf.function(lambda logits, t, k, p: choose(logits, temperature=t, top_k=k, top_p=p,
+                                                                 seed=[0, 0])),
+                      tf.zeros([1, tiny.hparams.n_vocab]), *SAMPLED)
+    assert while_loops(alone) >= 1 and while_loops(graph) == 1 + while_loops(alone)
 
 
-def test_filters_a_request_cannot_use_are_left_out(tiny):
-    """At top_k 0 and top_p 1 (the sample scripts' defaults) `generate` compiles neither filter
-    (no bisection loop: the generation loop is the program's only one) and draws the same
-    tokens as the program that holds both."""
+class Asked:
+    """In place of the compiled loop: records the filters `generate` asks for and returns the
+    token buffer as given (the prompts, then zeros) with `length` new tokens a row."""
+    def __init__(self):
+        self.filters = []
+
+    def weights_for(self, length, batch):
+        return None
+
+    def generate_padded(self, weights, prompt, pad, tokens, length, *options):
+        self.filters.append(options[-1])
+        tokens = tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1)
+        return tokens, tf.fill([tokens.shape[0]], length)
+
+
+def test_filters_a_request_cannot_use_are_left_out(tiny, loop_graph, monkeypatch):
+    """At top_k 0 and top_p 1 (the sample scripts' defaults) `generate` asks for neither filter,
+    and a program traced without them holds no bisection loop: the generation loop is its only
+    one."""
+    whiles = {f: while_loops(loop_graph(1, 5, f)) for f in [(True, True), (False, False)]}
+    assert whiles[(False, False)] == 1 < whiles[(True, True)], whiles
+    asked = Asked()
+    monkeypatch.setattr(sample_module, "generator_for", lambda *args, **kwargs: asked)
+    for kwargs in ({}, dict(top_k=40), dict(top_p=0.9), dict(top_k=1, top_p=0.5)):
+        generate(tiny, [[1, 2]], 3, seed=0, **kwargs)
+    assert asked.filters == [(False, False), (True, False), (False, True), (True, True)], asked.filters
+
+
+@pytest.mark.slow
+def test_leaving_the_filters_out_draws_the_same_tokens(tiny):
+    """The program without the filters draws what the one holding both draws, where the
+    request cannot use them, and `generate` returns those tokens."""
     length = 20
     prompt = tf.constant(prompts_for(4, [16, 16]), tf.int32)
     prompt_len, generator, args = loop_args(tiny, 2, 16, length, prompt=prompt, seed=5)
-    whiles = {f: len(re.findall(r" while\(", generator.generate_padded.experimental_get_compiler_ir(*args, f)(
-        stage="hlo"))) for f in [(True, True), (False, False)]}
-    assert whiles[(False, False)] == 1 < whiles[(True, True)], whiles
     both, neither = (generator.generate_padded(*args, f)[0].numpy() for f in [(True, True), (False, False)])
     np.testing.assert_array_equal(neither, both)
     rows = generate(tiny, prompt.numpy().tolist(), length, seed=5)
     np.testing.assert_array_equal(np.stack(rows), neither[:, :prompt_len + length])
 
 
-def test_a_one_token_prompt_compiles_the_loop_alone(tiny):
+def test_a_one_token_prompt_compiles_the_loop_alone(tiny, loop_graph):
     """A one-token prompt (the sample scripts' start token) is the loop's first input: the
-    program holds the blocks once, in the loop (a longer prompt adds its own pass over them),
-    which lowers the compile time and the peak memory of unconditional sampling."""
-    def dots(longest):
-        prompt_len, generator, args = loop_args(tiny, 1, longest, 40)
-        hlo = generator.generate_padded.experimental_get_compiler_ir(*args)(stage="hlo")
-        return prompt_len, len(re.findall(r" dot\(", hlo))
-    (one_len, one), (five_len, five) = dots(1), dots(5)
+    program holds the blocks once, in the loop (a longer prompt adds its own pass over them, as
+    many products again), which lowers the compile time and the peak memory of unconditional
+    sampling."""
+    one_len, five_len = (int(plan(longest, 40, tiny.hparams.n_ctx)[0]) for longest in (1, 5))
+    one, five = len(products(loop_graph(1, 1))), len(products(loop_graph(1, 5)))
     assert one_len == 1 and five_len > 1 and one > 0 and five == 2 * one, (one, five)
 
 
@@ -266,7 +342,17 @@ def test_compiled_functions_live_and_die_with_the_model(tiny_dir):
     assert ref() is None, "the model is still referenced after del and gc.collect()"
 
 
-def test_temperature_zero_is_greedy(tiny):
+def test_temperature_zero_is_greedy():
+    """`choose` at temperature 0 takes each row's largest logit, whatever the filters and seed."""
+    logits = tf.constant(np.random.default_rng(0).normal(size=[4, 300]).astype(np.float32) * 3)
+    for top_k, top_p, seed in [(0, 1.0, [0, 0]), (5, 0.5, [3, 1])]:
+        token = choose(logits, temperature=tf.constant(0.0), top_k=tf.constant(top_k), top_p=tf.constant(top_p),
+                       seed=tf.constant(seed, tf.int64))
+        np.testing.assert_array_equal(token.numpy(), np.argmax(logits.numpy(), axis=-1))
+
+
+@pytest.mark.slow
+def test_generation_at_temperature_zero_is_greedy(tiny):
     prompt = prompts_for(3, [3])
     a = generate(tiny, prompt, 12, temperature=0)[0]
     b = generate(tiny, prompt, 12, top_k=1, seed=5)[0]
@@ -495,7 +581,28 @@ def test_bad_input(tiny, prompts, length, kwargs, message):
         generate(tiny, prompts, length, **kwargs)
 
 
-def test_sample_sequence_api(tiny):
+def test_sample_sequence_api(tiny, monkeypatch):
+    """The original's signature: start_token and batch_size, or a context (ragged: a list of
+    rows); the loop itself replaced by `Asked` (test_sample_sequence_generates runs it)."""
+    monkeypatch.setattr(sample_module, "generator_for", lambda *args, **kwargs: Asked())
+    out = sample_sequence(model=tiny, length=6, start_token=50256, batch_size=3, top_k=1)
+    assert out.shape == (3, 7) and (out[:, 0] == 50256).all()
+    ragged = sample_sequence(model=tiny, length=4, context=[[1, 2], [3]], top_k=1)
+    assert [r.tolist() for r in ragged] == [[1, 2, 0, 0, 0, 0], [3, 0, 0, 0, 0]]
+    same = sample_sequence(model=tiny, length=2, context=[[4, 5], [6, 7]])
+    assert isinstance(same, np.ndarray) and same.tolist() == [[4, 5, 0, 0], [6, 7, 0, 0]]
+    with pytest.raises(ValueError, match="exactly one of start_token and context"):
+        sample_sequence(model=tiny, length=4)
+    with pytest.raises(ValueError, match="start_token needs batch_size"):
+        sample_sequence(model=tiny, length=4, start_token=50256)
+    with pytest.raises(ValueError, match="prompt 0: token ids must be a flat list of integers"):
+        sample_sequence(model=tiny, length=4, context=[[1.7, 2.2]])
+    with pytest.raises(ValueError, match="length must be an integer, got 3.7"):
+        sample_sequence(model=tiny, length=3.7, context=[[1]])
+
+
+@pytest.mark.slow
+def test_sample_sequence_generates(tiny):
     out = sample_sequence(model=tiny, length=6, start_token=50256, batch_size=3, top_k=1)
     assert out.shape == (3, 7) and (out[:, 0] == 50256).all()
     assert (out == out[0]).all()
@@ -509,12 +616,14 @@ def test_sample_sequence_api(tiny):
         sample_sequence(model=tiny, length=3.7, context=[[1]])
 
 
-def test_refused_request_returns_at_once(tiny):
-    """An overflowing length is refused before anything is allocated or compiled."""
-    start = time.perf_counter()
+def test_refused_request_returns_at_once(tiny, monkeypatch):
+    """An overflowing length is refused before anything is planned, allocated or compiled."""
+    def never(*args, **kwargs):
+        raise AssertionError("reached after the checks")
+    for name in ("plan", "generator_for"):
+        monkeypatch.setattr(sample_module, name, never)
     with pytest.raises(ValueError, match="must be <= n_ctx"):
         generate(tiny, [[10, 20]], 2**31 - 1)
-    assert time.perf_counter() - start < 2
 
 
 VALUES = [0, 1, 3, -1, 2.5, float("nan"), float("inf"), 2**31 - 1, 2**63, True, "x", None]
