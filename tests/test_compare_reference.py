@@ -1,5 +1,5 @@
-"""tools/compare_reference.py, the comparison behind it (tfgpt2.compare), and the notebook."""
-import subprocess
+"""`tfgpt2 compare` (tfgpt2/cli/compare.py), the comparison behind it (tfgpt2.testing.compare),
+and the notebook."""
 import sys
 
 import numpy as np
@@ -12,16 +12,12 @@ from tfgpt2.cli.compare import main
 
 pytestmark = pytest.mark.slow  # the reference and the notebook in fresh processes
 
-TOOL = ROOT / "tools" / "compare_reference.py"
 NOTEBOOK = ROOT / "notebooks" / "compare_with_reference.ipynb"
 
 
-def test_tool_exits_0_where_both_agree(tiny_dir):
-    result = subprocess.run(
-        [sys.executable, str(TOOL), "--model_dir", tiny_dir, "--reference_src", str(require_reference()),
-         "--length", "5"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+def test_tool_exits_0_where_both_agree(tiny_dir, capsys):
+    assert main(["--model_dir", tiny_dir, "--reference_src", str(require_reference()), "--length", "5"]) == 0
+    out = capsys.readouterr().out
     for line in ("first layer that differs: none", "top-5 tokens agree at 4 of 4 positions",
                  "same tokens: yes", "within tolerance"):
         assert line in out, out

@@ -1,13 +1,11 @@
 """Parameter counts: tied and untied, from hparams, from a built model, and from the CLI."""
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.conftest import TINY
 from tfgpt2 import GPT2, count_params
 from tfgpt2.hparams import default_hparams, published_hparams
 from tfgpt2.hparams import breakdown
+from tfgpt2.cli import params as params_cli
 
 EXPECTED = {  # tied, untied
     "124M": (124_439_808, 163_037_184),
@@ -32,13 +30,13 @@ def test_built_124m_model_counts_shared_variable_once():
     assert count_params(GPT2(hp, tie_embeddings=False)) == 163_037_184
 
 
-@pytest.mark.slow
-def test_cli_prints_breakdown(tiny_dir):
-    out = subprocess.run([sys.executable, "-m", "tfgpt2.params", "--model_name", "124M"],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+def test_cli_prints_breakdown(tiny_dir, capsys):
+    """`tfgpt2 params` (`python -m tfgpt2.params` runs the same `main`: tests/test_scripts.py)."""
+    assert params_cli.main(["--model_name", "124M"]) == 0
+    out = capsys.readouterr().out
     assert "38,597,376" in out and "124,439,808" in out and "163,037,184" in out
     assert "85,054,464" in out  # 12 blocks of 7,087,872
-    out = subprocess.run([sys.executable, "-m", "tfgpt2.params", "--model_dir", tiny_dir],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert params_cli.main(["--model_dir", tiny_dir]) == 0
+    out = capsys.readouterr().out
     tiny = dict(breakdown(default_hparams().override_from_dict(TINY)))
     assert f"{tiny['total, tied']:,}" in out
