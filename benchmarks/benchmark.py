@@ -258,13 +258,15 @@ def main(argv=None):
              f"{args.short} new tokens after a 1-token prompt, the difference per token, median and range "
              f"over {args.runs} paired runs after a warm-up; prefill: a {args.prompt_len}-token prompt; compile: "
              f"the first calls' extra time; peak RSS: the process's peak resident set (VmHWM); RSS before: "
-             f"after loading, before the first call. Sampling top_k={args.top_k}; tfgpt2 in {args.dtype}, "
-             f"the others in float32. Each implementation ran in a process of its own."]
+             f"after loading, before the first call. Sampling top_k={args.top_k}; tfgpt2 in {args.dtype}"
+             + (", the others in float32" if set(c for c, _ in results) - {"tfgpt2", "tfgpt2-xla"} else "")
+             + ". Each implementation ran in a process of its own."]
     if skipped:
         notes.append(f"Not installed or not found here: {', '.join(skipped)}.")
     settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "short", "long",
                                               "prompt_len", "top_k", "dtype")}
-    columns = COLUMNS + [ERROR] * any("error" in r for r in rows)
+    columns = [c for c in COLUMNS if c["key"] != "vs_reference" or any("vs_reference" in r for r in rows)]
+    columns += [ERROR] * any("error" in r for r in rows)
     report.publish(args, "Generation speed", [report.table(columns, rows)], tool=__file__, argv=argv,
                    settings=settings, notes=notes, headlines=headlines(rows))
     return 0 if all("error" not in r or k[0] == "reference" and k[1] > 1 for k, r in results.items()) else 1
