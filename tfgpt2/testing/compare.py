@@ -93,7 +93,7 @@ def _timed(fn):
 
 def greedy(model, tokens, length):
     """tfgpt2's greedy continuation: the compiled sampler at top_k=1."""
-    from .sample import sample_sequence  # TensorFlow: not before the tool has checked its flags
+    from ..sample import sample_sequence  # TensorFlow: not before the tool has checked its flags
     return sample_sequence(model=model, context=tokens, length=length, top_k=1)
 
 

@@ -2,8 +2,9 @@
 
 The original needs `tf.compat.v1` with v2 behaviour disabled and a stand-in for
 `tensorflow.contrib.training.HParams`. Disabling v2 behaviour is process-wide and cannot be
-fully undone, so the reference runs in a child process (`python -m tfgpt2.reference`) and
-arrays travel over a pipe: the calling process keeps TensorFlow 2 untouched.
+fully undone, so the reference runs in a child process (this file run as a script, so that
+the child imports nothing of tfgpt2 or Keras) and arrays travel over a pipe: the calling
+process keeps TensorFlow 2 untouched.
 
     with Reference("path/to/gpt-2/src", "models/124M") as ref:
         out = ref.model(tokens)                 # {'logits', 'present', 'hidden'} as numpy
@@ -32,12 +33,11 @@ class Reference:
             raise FileNotFoundError(f"{reference_src}: no model.py (expected the original gpt-2 repository's src/)")
         if not os.path.isfile(os.path.join(model_dir, "hparams.json")):
             raise FileNotFoundError(f"{model_dir}: no hparams.json (expected a model folder)")
-        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         self._log = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tfgpt2.reference", reference_src, os.path.abspath(model_dir)],
+            # -I: isolated, so that sys.path holds neither this folder nor the caller's PYTHONPATH
+            [sys.executable, "-I", os.path.abspath(__file__), reference_src, os.path.abspath(model_dir)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
 
     def _call(self, op, **kwargs):
