@@ -25,8 +25,8 @@ START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 HEADER = """# Benchmarks
 
 This page is generated: each section below is one report, written as Markdown and JSON into
-`benchmarks/reports/` by the command it names (with the machine, library versions, date and
-commit), and pasted here by `python benchmarks/collect.py`. To regenerate, run the commands
+`benchmarks/reports/` by the command it names (with the machine, library versions and date; the JSON
+also records the commit), and pasted here by `python benchmarks/collect.py`. To regenerate, run the commands
 shown (from the repository root, on an otherwise idle machine), then `python benchmarks/collect.py`.
 A figure with a range is the median (min-max) of the runs the section describes. Speed does not
 depend on the weights' values: the 124M figures come from random weights of that shape

@@ -187,9 +187,7 @@ def markdown_table(t):
 
 def footer(data):
     versions_ = ", ".join(f"{k} {v}" for k, v in data["versions"].items())
-    commit_ = data["commit"] + (" with local changes" if data.get("local_changes") else "")
-    return (f"`{data['command']}` on {data['machine']}; {versions_}; {data['date'][:10]}; "
-            f"commit {commit_}.")
+    return f"`{data['command']}` on {data['machine']}; {versions_}; {data['date'][:10]}."
 
 
 def markdown(data):
