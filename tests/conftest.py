@@ -4,7 +4,8 @@ vocabulary; tests that need it skip with a reason where it is absent.
 Model folders are written once per test worker by `tfgpt2.testing.checkpoints.make_checkpoint`
 (the code behind `tfgpt2 make-checkpoint`), with weights of std >= 0.1 so that a wrong mask,
 scale or epsilon shows in the logits. The 124M-shaped model is loaded once per worker
-(`gpt2_124m`) for the tests that only read it.
+(`gpt2_124m`) for the tests that only read it, and OpenAI's code on it started once per worker
+(`reference_124m`).
 """
 import collections
 import os
@@ -86,3 +87,12 @@ def gpt2_124m(gpt2_124m_dir):
     yield model
     changed = [v.path for v, s in zip(model.weights, sums) if float(np.sum(v.numpy(), dtype=np.float64)) != s]
     assert not changed, f"a test changed the shared gpt2_124m model: {changed}"
+
+
+@pytest.fixture(scope="session")
+def reference_124m(gpt2_124m_dir):
+    """OpenAI's code on `gpt2_124m_dir` in its child process (`tfgpt2.testing.reference`),
+    started once per worker; skips where the reference code is absent."""
+    from tfgpt2.testing.reference import Reference
+    with Reference(str(require_reference()), gpt2_124m_dir) as ref:
+        yield ref

@@ -117,11 +117,12 @@ def test_diff_is_relative_to_the_largest_reference_value():
     assert compare.diff(np.ones(2), np.zeros(2)).rel == np.inf
 
 
-def test_notebook_executes_with_its_asserts(monkeypatch):
-    """Top to bottom on 124M-shaped random weights (the notebook writes them), in the kernel
-    of this interpreter."""
+def test_notebook_executes_with_its_asserts(gpt2_124m_dir, monkeypatch):
+    """Top to bottom on 124M-shaped random weights, in the kernel of this interpreter: the
+    worker's folder, handed over as TFGPT2_MODEL_DIR (without it the notebook writes its own,
+    with the same code)."""
     monkeypatch.setenv("TFGPT2_REFERENCE_SRC", str(require_reference()))
-    monkeypatch.delenv("TFGPT2_MODEL_DIR", raising=False)
+    monkeypatch.setenv("TFGPT2_MODEL_DIR", gpt2_124m_dir)
     stdout = execute_notebook(NOTEBOOK)
     assert f"python: {sys.executable}\n" in stdout
     assert "first layer that differs: None" in stdout and "first layer that differs: h5" in stdout

@@ -10,7 +10,7 @@ from tfgpt2.cli import evaluate as evaluate_cli
 from tfgpt2.train import evaluate
 from tfgpt2.testing.reference import Reference
 
-from conftest import require_reference
+from tests.conftest import require_reference
 
 TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
         "of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season "

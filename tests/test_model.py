@@ -27,13 +27,14 @@ def random_tokens(seed, batch, length, n_vocab):
 
 @pytest.fixture(scope="module", params=["tiny_dir", "wide_dir", "gpt2_124m_dir"])
 def pair(request):
-    """(our model, the reference process) on one model folder (124M's model loaded once per
-    worker, `gpt2_124m`)."""
+    """(our model, the reference process) on one model folder."""
     require_reference()
+    if request.param == "gpt2_124m_dir":  # both once per worker
+        yield request.getfixturevalue("gpt2_124m"), request.getfixturevalue("reference_124m")
+        return
     model_dir = request.getfixturevalue(request.param)
-    model = request.getfixturevalue("gpt2_124m") if request.param == "gpt2_124m_dir" else load_model(model_dir)
     with Reference(str(require_reference()), model_dir) as ref:
-        yield model, ref
+        yield load_model(model_dir), ref
 
 
 @pytest.mark.slow
