@@ -22,7 +22,8 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import ROOT
-from tfgpt2.train import distribute, flags, loop, run_folder
+from tfgpt2.train import distribute, loop, run_folder
+from tfgpt2.train.flags import parse_args
 from tfgpt2.formats.checkpoint import load_model
 
 pytestmark = pytest.mark.slow  # several TensorFlow processes
@@ -75,7 +76,7 @@ def max_difference(a, b):
 def one_device(tiny_dir, corpus, tmp_path_factory):
     """The weights after STEPS updates on one device (in this process)."""
     checkpoints = tmp_path_factory.mktemp("one")
-    loop.train(flags.parse_args(flags(tiny_dir, corpus, checkpoints)))
+    loop.train(parse_args(flags(tiny_dir, corpus, checkpoints)))
     trained = weights(checkpoints / "run")
     assert max_difference(trained, weights(tiny_dir)) > 1e-3  # the steps changed the weights
     return trained

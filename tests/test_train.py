@@ -50,12 +50,12 @@ def random_ids(n, seed=0):
     return np.random.default_rng(seed).integers(0, 50257, n)
 
 
-def run(model_dir, tmp_path, *flags, run_name="run1"):
-    """train.train with the flags, the base model `model_dir`, no samples or periodic saves."""
+def run(model_dir, tmp_path, *more, run_name="run1"):
+    """train.train with the flags `more`, the base model `model_dir`, no samples or periodic saves."""
     argv = ["--models_dir", os.path.dirname(model_dir), "--model_name", os.path.basename(model_dir),
             "--checkpoint_dir", str(tmp_path / "checkpoint"), "--run_name", run_name,
             "--sample_every", "0", "--save_every", "0", "--print_every", "0",
-            "--sample_length", str(SAMPLE_LENGTH), *flags]
+            "--sample_length", str(SAMPLE_LENGTH), *more]
     return loop.train(flags.parse_args(argv))
 
 
@@ -190,10 +190,10 @@ def optimizer_case():
 
 
 def test_adafactor_updates_as_keras_without_full_size_state():
-    """tfgpt2's Adafactor against Keras': the same weights after 3 updates (relative step and a
-    fixed learning rate), with state of rows + columns for a matrix, not one per weight."""
+    """tfgpt2's Adafactor against Keras': the same weights after 3 updates (a learning rate
+    above and below 1/sqrt(step)), with state of rows + columns for a matrix, not one per weight."""
     shapes, grads, start = optimizer_case()
-    for options in ({}, {"learning_rate": 1e-2, "relative_step": False}):
+    for options in ({"learning_rate": 1.0}, {"learning_rate": 1e-2}):
         results = []
         for cls in (optimizers.Adafactor, keras.optimizers.Adafactor):
             weights = [keras.Variable(w) for w in start]
@@ -233,10 +233,6 @@ def test_adam_updates_as_keras_with_one_kernel_per_weight(name):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)  # rounding: weights up to 3.1, ulp 2.4e-7
         assert np.abs(a - w).max() > 1e-3  # it moved
     assert (our_kernels, keras_kernels) == (len(shapes), 0)
-    weights = [keras.Variable(w) for w in start]
-    amsgrad = optimizers.Adam(1e-2, amsgrad=True)  # not the kernel's: Keras' own update
-    amsgrad.apply_gradients(zip(grads[0], weights))
-    assert len(amsgrad._velocity_hats) == len(shapes) and np.abs(amsgrad._velocity_hats[0].numpy()).max() > 0
 
 
 @pytest.mark.parametrize("xla", [(), ("--no_xla",)], ids=["xla", "no_xla"])
@@ -378,16 +374,20 @@ def test_two_replicas_equal_one_device(micro_dir, tmp_path, flags):
     assert out.returncode == 0, out.stderr[-3000:]
     mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
     np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
-    a, b = weights_of(tmp_path / "1"), weights_of(tmp_path / "2")
+    a, b, before = weights_of(tmp_path / "1"), weights_of(tmp_path / "2"), weights_of(micro_dir)
     # The keys' bias has a gradient of 0 (it adds the same q . b_k to a row's every score, which
-    # the softmax ignores): what comes out is rounding, which Adam scales to steps of up to the
-    # learning rate (2e-5), so there the two runs differ by up to 1.1e-6; elsewhere by 6e-8.
+    # the softmax ignores): what comes out is rounding, which Adam divides by its own size plus
+    # epsilon (1e-8). Measured: it moved by up to 2.5e-6 (1.5e-6 accumulated), and the two runs
+    # differ there by a fifth (a tenth) of that; elsewhere by 6e-8. With epsilon 1e-7 in the
+    # mirrored run only, the keys' bias differed by nine tenths of its move.
     n_embd = a["model/h0/attn/c_attn/b"].shape[0] // 3
     for name in a:
         x, y = a[name], b[name]
         if name.endswith("attn/c_attn/b"):
             keys = slice(n_embd, 2 * n_embd)
-            np.testing.assert_allclose(x[keys], y[keys], atol=2 * 2 * 2e-5, err_msg=name)
+            moved = np.abs(y[keys] - before[name][keys]).max()
+            assert 0 < moved < 2 * 2e-5, (name, moved)  # 2 steps of at most about the learning rate
+            np.testing.assert_allclose(x[keys], y[keys], atol=moved / 2, err_msg=name)
             x, y = np.delete(x, keys), np.delete(y, keys)
         np.testing.assert_allclose(x, y, atol=1e-6, err_msg=name)
 
@@ -461,7 +461,8 @@ def test_bad_data_is_a_clear_error(tiny_dir, tmp_path, capsys):
 
 def test_bad_flags_and_folders_are_clear_errors(tiny_dir, tmp_path, capsys):
     dataset = ids_npz(tmp_path / "d.npz", random_ids(40))
-    _fails(capsys, tiny_dir, tmp_path, "--batch_size: must be >= 1", "--dataset", dataset, "--batch_size", "0")
+    _fails(capsys, tiny_dir, tmp_path, "--batch_size: must be an integer >= 1, got '0'", "--dataset", dataset,
+           "--batch_size", "0")
     _fails(capsys, tiny_dir, tmp_path, "invalid choice: 'adagrad'", "--dataset", dataset, "--optimizer", "adagrad")
     _fails(capsys, tiny_dir, tmp_path, "--lr_schedule cosine needs --steps", "--dataset", dataset,
            "--lr_schedule", "cosine")
@@ -501,7 +502,7 @@ def test_finetune_is_the_command_line_in_python(tiny_dir, tmp_path):
     assert [s for s, _ in history] == [1, 2, 3]
     assert history == run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "3", "--no_xla", run_name="flags")
     assert run_folder.checkpoint_steps(str(tmp_path / "checkpoint" / "python")) == [3]
-    for bad, message in [(dict(batch_size=0), "argument --batch_size: must be >= 1, got 0"),
+    for bad, message in [(dict(batch_size=0), "argument --batch_size: must be an integer >= 1, got '0'"),
                          (dict(optimiser="adam"), "unrecognized arguments: --optimiser adam"),
                          (dict(lr_schedule="cosine", steps=-1), "--lr_schedule cosine needs --steps")]:
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -2,15 +2,14 @@
 import argparse
 import os
 
-from ..cli.args import ranged
+from ..cli.args import Parser, ranged
 from . import distribute
 from .optimizers import OPTIMIZERS
 
 
 def parser(prog="tfgpt2 train"):
     from . import loop  # its docstring is the description
-    p = argparse.ArgumentParser(prog=prog, description=loop.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, description=loop.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--dataset", required=True, help="a text file, a folder, a glob, or an .npz of encoded chunks")
     a("--model_name", default="124M", help="the model to start from: <models_dir>/<model_name>")
@@ -49,14 +48,19 @@ def parser(prog="tfgpt2 train"):
     a("--val_every", type=ranged(int, 0), default=0)
     a("--val_batch_size", type=ranged(int, 1), default=2)
     a("--val_batch_count", type=ranged(int, 1), default=40)
-    a("--print_every", type=ranged(int, 0), default=1, help="log lines when stderr is not a terminal")
+    a("--print_every", type=ranged(int, 0), default=1,
+      help="a line every this many steps where stderr is not a terminal (a terminal has a bar); 0: none")
+    a("--quiet", action="store_true", help="no bar or per-step lines, samples or checkpoint messages: "
+                                            "warnings, errors and the final line only")
     a("--no_xla", action="store_true", help="run the step without XLA (compiles faster; on a CPU, 16-bit products: see --precision)")
     a("--seed", type=int, default=0, help="draws the windows (and samples)")
     a("--lr_schedule", choices=("constant", "cosine"), default="constant",
       help="cosine: down to a tenth of --learning_rate at --steps")
     a("--warmup_steps", type=ranged(int, 0), default=0)
     a("--clip_norm", type=ranged(float, 0), default=0.0, help="clip gradients to this global norm (0: off)")
-    a("--weight_decay", type=ranged(float, 0), default=0.0, help="decoupled weight decay (AdamW's)")
+    a("--weight_decay", type=ranged(float, 0), default=0.0,
+      help="decoupled weight decay (AdamW's), not of biases or norm gains; with --optimizer adamw, "
+           "0 means Keras' default, 0.004")
     a("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32",
       help="mixed_*: float32 weights, matmuls in 16 bits (float16 with dynamic loss scaling); "
            "on a CPU only with --no_xla (XLA's CPU dots are float32), faster where oneDNN's "
@@ -66,7 +70,7 @@ def parser(prog="tfgpt2 train"):
 
 
 def parse_args(argv=None, *, exit_on_error=True, prog="tfgpt2 train"):
-    """The flags; a bad one exits with argparse's usage message, or with `exit_on_error`
+    """The flags; a bad one exits with a one-line usage error, or with `exit_on_error`
     False raises ValueError with it."""
     p = parser(prog)
     if not exit_on_error:

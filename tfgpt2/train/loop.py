@@ -33,12 +33,15 @@ from ..formats.files import write_text
 from ..sample import generate
 from . import data, distribute
 from .optimizers import make_optimizer, trained_variables
-from .run_folder import checkpoint_steps, find_start, read_best, restore_optimizer, save_run, vocabulary_dir, write_run_files
+from .run_folder import find_start, read_best, restore_optimizer, save_run, vocabulary_dir, write_run_files
 from .step import Trainer
 
 
 def load_data(args, enc, hparams):
-    """(training windows, validation batches or None), and the window length."""
+    """(training windows, validation batches or None); sets --sample_length's default, n_ctx - 1."""
+    args.sample_length = args.sample_length or hparams.n_ctx - 1
+    if args.sample_length > hparams.n_ctx:
+        raise ValueError(f"--sample_length {args.sample_length} exceeds the model's context n_ctx={hparams.n_ctx}")
     length = args.sample_length + 1
     chunks = data.load_dataset(enc, args.dataset, combine=args.combine, encoding=args.encoding,
                                n_vocab=hparams.n_vocab)
@@ -88,79 +91,117 @@ def train(args, strategy=None):
     chief = distribute.is_chief(strategy)  # the one process that writes the run folder
     run_dir, source, prefix, step, hp = find_start(args)
     if step == args.steps:
-        tqdm.write(f"{run_dir} has made its --steps {step} updates already: nothing to train")
+        print(f"{run_dir} has made its --steps {step} updates already: nothing to train", file=sys.stderr)
         return []
-    args.sample_length = args.sample_length or hp.n_ctx - 1
-    if args.sample_length > hp.n_ctx:
-        raise ValueError(f"--sample_length {args.sample_length} exceeds the model's context n_ctx={hp.n_ctx}")
     vocab_dir = vocabulary_dir(source, os.path.join(args.models_dir, args.model_name))
     enc = get_encoder(os.path.basename(vocab_dir), os.path.dirname(vocab_dir))
     windows, val_batches = load_data(args, enc, hp)
     model, optimizer, trainer = build_trainer(args, strategy, source, prefix)
     if chief:
         write_run_files(run_dir, hp, vocab_dir)
+    log = Log(run_dir if chief else None, args, step)
     if step and not restore_optimizer(optimizer, run_dir, step):
-        tqdm.write(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh")
+        log.print(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh", always=True)
     optimizer.iterations.assign(step)
 
-    per_step = args.batch_size * args.accumulate_gradients  # in all, split over the replicas
+    per_step = args.batch_size * args.accumulate_gradients  # windows per update, split over the replicas
     dataset = data.training_dataset(windows, batch_size=per_step, seed=args.seed, start_step=step, steps=args.steps)
-    best = read_best(run_dir)
-    writer = tf.summary.create_file_writer(run_dir) if chief else tf.summary.create_noop_writer()
-    history, avg = [], [0.0, 0.0]
-    bar = tqdm(initial=step, total=args.steps if args.steps > 0 else None, unit="step",
-               disable=not sys.stderr.isatty())
-
-    def save():
-        if not chief:
-            return
-        with _no_interrupts():
-            save_run(run_dir, model, optimizer, step, max_checkpoints=args.max_checkpoints,
-                     keep={best["step"]} if best else ())
-            if best and best["step"] == step:
-                write_text(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
-        tqdm.write(f"Saving {run_dir}/model-{step}")
-
-    saved = step
+    best, saved, history = read_best(run_dir), step, []
     try:
         batches = iter(trainer.distribute(dataset))
         while args.steps < 0 or step < args.steps:
             start = time.perf_counter()
             loss = float(trainer.step(next(batches)))
             step += 1
-            seconds = time.perf_counter() - start
             history.append((step, loss))
-            avg = [avg[0] * 0.99 + loss, avg[1] * 0.99 + 1]
-            lr = _current_lr(optimizer)
-            tokens_per_s = per_step * args.sample_length / seconds
-            _log(writer, step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_s)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", avg=f"{avg[0] / avg[1]:.4f}", tok_s=f"{tokens_per_s:.0f}",
-                            lr=f"{lr:.3g}")
-            if bar.disable and args.print_every and step % args.print_every == 0:
-                print(f"[{step} | {seconds:.2f}s] loss={loss:.4f} avg={avg[0] / avg[1]:.4f} "
-                      f"tokens/s={tokens_per_s:.0f} lr={lr:.3g}", flush=True)
+            log(step, loss=loss, learning_rate=current_lr(optimizer),
+                tokens_per_second=per_step * args.sample_length / (time.perf_counter() - start))
+            save_now = args.save_every > 0 and step % args.save_every == 0
             if args.val_every > 0 and step % args.val_every == 0:
                 val_loss = validate(trainer, val_batches)
-                _log(writer, step, val_loss=val_loss, val_perplexity=math.exp(val_loss))
-                tqdm.write(f"[{step}] validation loss={val_loss:.4f} perplexity={math.exp(val_loss):.2f}")
+                log(step, val_loss=val_loss, val_perplexity=math.exp(val_loss))
                 if best is None or val_loss < best["val_loss"]:
-                    best = {"step": step, "val_loss": val_loss}
-                    save()
-                    saved = step
-            if args.save_every > 0 and step % args.save_every == 0 and saved != step:
-                save()
+                    best, save_now = {"step": step, "val_loss": val_loss}, True
+            if save_now and chief:
+                save(run_dir, model, optimizer, step, best, args.max_checkpoints, log)
                 saved = step
             if args.sample_every > 0 and step % args.sample_every == 0 and chief:
-                write_samples(model, enc, args, run_dir, step)
+                log.print(write_samples(model, enc, args, run_dir, step), file=sys.stdout)
     except KeyboardInterrupt:
-        tqdm.write("interrupted")
+        log.print("interrupted", always=True)
     finally:
-        bar.close()
-        writer.close()
-    if saved != step:
-        save()
+        log.close()
+    if chief:
+        if saved != step:
+            save(run_dir, model, optimizer, step, best, args.max_checkpoints, log)
+        log.print(f"{run_dir}: step {step}" + (f", loss {log.average.value:.4f} (running average)" if history
+                                               else ""), always=True)
     return history
+
+
+def save(run_dir, model, optimizer, step, best, max_checkpoints, log):
+    """The weights and optimizer state of `step` in the run folder, and `best.json` where
+    `step` is the best; Ctrl-C waits until they are written."""
+    with _no_interrupts():
+        save_run(run_dir, model, optimizer, step, max_checkpoints=max_checkpoints,
+                 keep={best["step"]} if best else ())
+        if best and best["step"] == step:
+            write_text(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
+    log.print(f"Saving {run_dir}/model-{step}")
+
+
+class Log:
+    """Where a run reports: scalars to TensorBoard in the run folder (`run_dir`; None: none),
+    and on stderr a bar (a terminal) or a line every --print_every steps; --quiet: neither."""
+
+    def __init__(self, run_dir, args, step):
+        self.writer = tf.summary.create_file_writer(run_dir) if run_dir else tf.summary.create_noop_writer()
+        self.quiet, self.print_every = args.quiet, args.print_every
+        self.bar = tqdm(initial=step, total=args.steps if args.steps > 0 else None, unit="step",
+                        disable=args.quiet or not sys.stderr.isatty())
+        self.average = Average()
+
+    def __call__(self, step, **scalars):
+        """TensorBoard's scalars at `step`; then the bar or a line: a training step's (with
+        `loss`) at its pace, any other at once."""
+        with self.writer.as_default():
+            for name, value in scalars.items():
+                tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR)
+        if "loss" not in scalars:
+            self.print(f"[{step}] " + " ".join(f"{name}={value:.4f}" for name, value in scalars.items()))
+            return
+        avg = self.average(scalars["loss"])
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{scalars['loss']:.4f}", avg=f"{avg:.4f}",
+                             tok_s=f"{scalars['tokens_per_second']:.0f}", lr=f"{scalars['learning_rate']:.3g}")
+        if self.bar.disable and self.print_every and step % self.print_every == 0:
+            self.print(f"[{step}] loss={scalars['loss']:.4f} avg={avg:.4f} "
+                       f"tokens/s={scalars['tokens_per_second']:.0f} lr={scalars['learning_rate']:.3g}")
+
+    def print(self, text, always=False, file=None):
+        """A line on stderr, or `file` (above the bar), unless --quiet and not `always`."""
+        if always or not self.quiet:
+            tqdm.write(text, file=file or sys.stderr)
+
+    def close(self):
+        self.bar.close()
+        self.writer.close()
+
+
+class Average:
+    """The forks' running average of the loss: weights 0.99^k for the k-th last, normalized."""
+
+    def __init__(self, decay=0.99):
+        self.decay, self.total, self.weight = decay, 0.0, 0.0
+
+    def __call__(self, value):
+        self.total = self.total * self.decay + value
+        self.weight = self.weight * self.decay + 1
+        return self.value
+
+    @property
+    def value(self):
+        return self.total / self.weight
 
 
 @contextlib.contextmanager
@@ -187,24 +228,19 @@ def validate(trainer, batches):
 
 
 def write_samples(model, enc, args, run_dir, step):
-    """`--sample_num` samples of `--sample_length` tokens from <|endoftext|>, printed and written
-    to samples-<step>.txt."""
+    """`--sample_num` samples of `--sample_length` tokens from <|endoftext|>, written to
+    samples-<step>.txt; returns their text."""
     rows = generate(model, [[enc.eot_token]] * args.sample_num, args.sample_length, top_k=args.top_k,
                     seed=args.seed + step)
     text = "".join("=" * 20 + f" SAMPLE {i} " + "=" * 20 + "\n" + enc.decode(row[1:]) + "\n"
                    for i, row in enumerate(rows))
-    tqdm.write(text)
     write_text(os.path.join(run_dir, f"samples-{step}.txt"), text)
+    return text
 
 
-def _current_lr(optimizer):
+def current_lr(optimizer):
     return float(tf.convert_to_tensor(optimizer.learning_rate))  # the schedule's value where there is one
 
 
-def _log(writer, step, **scalars):
-    """TensorBoard scalars, as `tf.summary.scalar` writes them (which needs tensorboard installed)."""
-    metadata = summary_pb2.SummaryMetadata()
-    metadata.plugin_data.plugin_name = "scalars"
-    with writer.as_default():
-        for name, value in scalars.items():
-            tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=metadata)
+_SCALAR = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+"""TensorBoard's scalar plugin, as `tf.summary.scalar` marks its values (that needs tensorboard)."""
