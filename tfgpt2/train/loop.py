@@ -45,7 +45,6 @@ def load_data(args, enc, hparams):
     length = args.sample_length + 1
     chunks = data.load_dataset(enc, args.dataset, combine=args.combine, encoding=args.encoding,
                                n_vocab=hparams.n_vocab)
-    _check_ids(chunks, hparams.n_vocab, args.dataset)
     val = None
     if args.val_dataset:
         val_chunks = data.load_dataset(enc, args.val_dataset, combine=args.combine, encoding=args.encoding,
@@ -58,12 +57,6 @@ def load_data(args, enc, hparams):
     train = data.Windows(chunks, length, name=args.dataset)
     val_batches = val and data.fixed_batches(val, batch_size=args.val_batch_size, count=args.val_batch_count)
     return train, val_batches
-
-
-def _check_ids(chunks, n_vocab, name):
-    top = max(int(c.max()) for c in chunks if c.size) if any(c.size for c in chunks) else 0
-    if top >= n_vocab:
-        raise data.DatasetError(f"{name}: token id {top} is outside [0, n_vocab={n_vocab})")
 
 
 def build_trainer(args, strategy, source, prefix):
