@@ -1,4 +1,6 @@
 """`tfgpt2 download` (`tfgpt2.formats.download`) against a fake of OpenAI's storage on 127.0.0.1."""
+import contextlib
+import os
 import random
 import re
 import socket
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.conftest import ROOT
+from tfgpt2.cli import download as download_cli
 from tfgpt2.formats import download as dm
 
 BIG = 'model.ckpt.data-00000-of-00001'
@@ -75,20 +79,29 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = len(body) < total - start
 
 
+@contextlib.contextmanager
+def serving(store):
+    """`store` served on an ephemeral port of 127.0.0.1 while in it; sets store.url, its base URL."""
+    server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    server.store = store
+    store.url = f'http://127.0.0.1:{server.server_address[1]}'
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    try:
+        yield store
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def storage():
     """A Storage of fake_model() as 124M, serving on an ephemeral port; .url is its base URL."""
     files = fake_model()
     store = Storage({f'/models/124M/{name}': data for name, data in files.items()})
-    server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-    server.store = store
-    store.url = f'http://127.0.0.1:{server.server_address[1]}'
     store.model = files
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    yield store
-    server.shutdown()
-    server.server_close()
+    with serving(store):
+        yield store
 
 
 def assert_complete(folder, files):
@@ -98,8 +111,23 @@ def assert_complete(folder, files):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, '-m', 'tfgpt2.cli.main', 'download', *args], capture_output=True,
-                          text=True, timeout=60)
+    """`tfgpt2 download ARGS` as the console script runs it, in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+    env['PYTHONPATH'] = str(ROOT)
+    return subprocess.Popen([sys.executable, '-m', 'tfgpt2_cli', 'download', *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(child):
+    out, err = child.communicate(timeout=120)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
+def run_main(capsys, *args):
+    """`tfgpt2 download ARGS` run in this process: (exit status, stdout, stderr)."""
+    code = download_cli.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def assert_one_line_error(result, *fragments):
@@ -119,10 +147,19 @@ def test_complete_download(storage, tmp_path):
 
 
 def test_cli_complete_download(storage, tmp_path):
-    result = run_cli('124M', '--models_dir', str(tmp_path), '--base_url', storage.url + '/')
-    assert result.returncode == 0, result.stderr
-    assert 'Fetching ' + BIG in result.stderr
-    assert_complete(tmp_path / '124M', storage.model)
+    """The command shows a bar per file on stderr and says where the model is on stdout; with
+    --quiet, stdout alone. Nothing of TensorFlow's start-up reaches stderr."""
+    loud, quiet = (run_cli('124M', '--models_dir', str(tmp_path / name), '--base_url', storage.url + '/', *flags)
+                   for name, flags in (('loud', []), ('quiet', ['--quiet'])))
+    for result, name in ((finish(loud), 'loud'), (finish(quiet), 'quiet')):
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f'{tmp_path / name / "124M"}: 124M complete\n'
+        assert_complete(tmp_path / name / '124M', storage.model)
+        if name == 'loud':
+            assert 'Fetching ' + BIG in result.stderr
+            assert 'absl' not in result.stderr and 'cudart' not in result.stderr, result.stderr
+        else:
+            assert result.stderr == ''
 
 
 @pytest.mark.parametrize('ranges', [True, False], ids=['resume', 'restart'])
@@ -225,9 +262,9 @@ def closed_port():
     ('355M', 'up', ['HTTP 404', '/models/355M/checkpoint']),
     ('124M', 'down', ['cannot reach http://127.0.0.1:', 'Connection refused']),
 ])
-def test_cli_errors_are_one_line(storage, tmp_path, model_name, server, fragments):
+def test_cli_errors_are_one_line(storage, tmp_path, capsys, model_name, server, fragments):
     url = storage.url if server == 'up' else f'http://127.0.0.1:{closed_port()}'
-    result = run_cli(model_name, '--models_dir', str(tmp_path / 'models'), '--base_url', url)
+    result = run_main(capsys, model_name, '--models_dir', str(tmp_path / 'models'), '--base_url', url)
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / 'models').exists()  # no empty models/<name>/ left behind
     if model_name not in dm.MODEL_NAMES:

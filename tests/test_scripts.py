@@ -1,5 +1,7 @@
-"""The sample scripts on the tiny model (n_ctx 64), run as `python -m` in a child process (their
-main() in this one where they must stop before generating)."""
+"""The sample scripts on the tiny model (n_ctx 64), run under the original's names
+(`python -m tfgpt2.generate_unconditional_samples`, `python -m tfgpt2.interactive_conditional_samples`)
+in a child process; their commands' main() (`tfgpt2 generate`, `tfgpt2 interactive`) in this one
+where they must stop before generating."""
 import json
 import os
 import re
@@ -98,9 +100,11 @@ def test_unconditional_runs_until_its_output_is_closed(tiny_dir):
 
 
 def test_length_over_the_window_is_refused_as_the_original_does(tiny_dir):
+    """(Under `python -m`, TensorFlow's start-up lines come first: the package imports it before
+    any of the command's code runs; the `tfgpt2` command hides them.)"""
     for module in (UNCONDITIONAL, INTERACTIVE):
         _, err = run(module, tiny_dir, "--length", "65", code=1)
-        assert err.strip() == "Can't get samples longer than window size: 64"
+        assert err.strip().splitlines()[-1] == "Can't get samples longer than window size: 64"
 
 
 def test_interactive_batch_size_must_divide_nsamples(tiny_dir):
@@ -146,38 +150,54 @@ NONSENSE = [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature"
             ("--batch_size", "0"), ("--length", "0"), ("--length", "ten"), ("--seed", "-1"), ("--seed", "1e3")]
 
 
-@pytest.mark.parametrize("script", [generate_unconditional_samples, interactive_conditional_samples],
+@pytest.fixture
+def signals():
+    """The commands set SIGINT and SIGPIPE to their defaults; put back the test process's."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGPIPE)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def flags(model_dir, *args):
+    return command("-", model_dir, *args)[3:]
+
+
+@pytest.mark.parametrize("script, name", [(generate_unconditional_samples, "generate"),
+                                          (interactive_conditional_samples, "interactive")],
                          ids=["unconditional", "interactive"])
 @pytest.mark.parametrize("flag, value", NONSENSE, ids=[f"{f}={v}" for f, v in NONSENSE])
-def test_nonsense_flags_are_refused_in_one_line(tiny_dir, capsys, script, flag, value):
+def test_nonsense_flags_are_refused_in_one_line(tiny_dir, capsys, signals, script, name, flag, value):
     """Before the model is loaded, naming the flag and the value (the last of a flag given twice
     counts: were it accepted, one short sample would end the run)."""
     with pytest.raises(SystemExit) as exit:
-        script.main(command(script.__name__, tiny_dir, "--nsamples", "1", "--length", "2", flag, value)[3:])
+        script.main(flags(tiny_dir, "--nsamples", "1", "--length", "2", flag, value))
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert err.startswith(f"python -m {script.__name__}: error: argument {flag}: must be ")
+    assert err.startswith(f"tfgpt2 {name}: error: argument {flag}: must be ")
     assert err.endswith(f", got {value!r} (see --help)\n")
 
 
-def test_interactive_needs_a_sample_per_prompt(tiny_dir, capsys):
+def test_interactive_needs_a_sample_per_prompt(tiny_dir, capsys, signals):
     with pytest.raises(SystemExit):
-        interactive_conditional_samples.main(command(INTERACTIVE, tiny_dir, "--nsamples", "0")[3:])
+        interactive_conditional_samples.main(flags(tiny_dir, "--nsamples", "0"))
     assert "argument --nsamples: must be an integer >= 1, got '0'" in capsys.readouterr().err
 
 
-def test_help_shows_the_printf_example_and_what_seeds_depend_on(capsys):
+def test_help_shows_the_printf_example_and_what_seeds_depend_on(capsys, signals):
     with pytest.raises(SystemExit):
         interactive_conditional_samples.main(["--help"])
     out = capsys.readouterr().out
+    assert out.startswith("usage: tfgpt2 interactive ")
+    assert "    printf 'First prompt\\nSecond prompt\\n' | tfgpt2 interactive --length 20 --seed 1\n" in out
     assert "    printf 'First prompt\\nSecond prompt\\n' | python -m tfgpt2.interactive_conditional_samples\n" in out
     words = " ".join(out.split())
     assert "with --seed another batch size gives other samples" in words
     assert "only affects" not in words
 
 
-def test_a_bad_model_folder_is_named_in_one_line(tiny_dir, tmp_path):
+def test_a_bad_model_folder_is_named_in_one_line(tiny_dir, tmp_path, signals):
     """hparams.json without n_layer names the key (not the 124M default's missing h2..h11)."""
     folder = shutil.copytree(tiny_dir, tmp_path / "tiny")
     hparams = json.loads((folder / "hparams.json").read_text())
@@ -185,6 +205,6 @@ def test_a_bad_model_folder_is_named_in_one_line(tiny_dir, tmp_path):
     (folder / "hparams.json").write_text(json.dumps(hparams))
     for script in (generate_unconditional_samples, interactive_conditional_samples):
         with pytest.raises(SystemExit) as exit:
-            script.main(command(script.__name__, str(folder), "--nsamples", "1", "--length", "2")[3:])
+            script.main(flags(str(folder), "--nsamples", "1", "--length", "2"))
         assert exit.value.code == f"error: {folder / 'hparams.json'}: missing n_layer; a GPT-2 hparams.json sets " \
                                   "all of n_vocab, n_ctx, n_embd, n_head, n_layer"

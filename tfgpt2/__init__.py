@@ -1,11 +1,14 @@
 """tfgpt2: OpenAI's GPT-2 (`src/model.py`, `sample.py`, `encoder.py`) in TensorFlow 2 / Keras 3.
 
-Names are imported on first use, so that the tokenizer and the commands that do not need
-TensorFlow start without it. `keras.models.load_model` of a tfgpt2 `.keras` file needs only
-`import tfgpt2`: Keras asks for the class by its registered name "tfgpt2>GPT2", and the
-lookup below imports `tfgpt2.model`, which registers it.
+`import tfgpt2` imports `tfgpt2.model` at once, as `import keras_hub` does its models: that
+registers GPT2 and its layers with Keras, so that `keras.models.load_model("gpt2.keras")` of a
+saved tfgpt2 model needs nothing more (Keras looks the classes up by their registered names,
+"tfgpt2>GPT2", and imports no module to find them). It also means `import tfgpt2` imports
+TensorFlow and Keras. The other names below are imported on first use.
 """
 import importlib
+
+from . import model  # noqa: F401  registers the Keras classes
 
 _EXPORTS = {
     "HParams": "hparams", "default_hparams": "hparams", "published_hparams": "hparams",

@@ -1,4 +1,4 @@
-"""`python -m tfgpt2.interactive_conditional_samples`: OpenAI's src/interactive_conditional_samples.py, as `tfgpt2 interactive` (`tfgpt2.cli`)."""
+"""`python -m tfgpt2.interactive_conditional_samples`: OpenAI's script, as `tfgpt2 interactive` (cli/interactive.py)."""
 if __name__ == "__main__":
     from tfgpt2.cli.main import run_command
     run_command("interactive", prog="python -m tfgpt2.interactive_conditional_samples")

@@ -1,9 +1,13 @@
-"""What the sample scripts share: their flags, loading a model folder, sampling one batch,
-printing a sample, and ending without a traceback."""
+"""What the commands share: --quiet and the progress they show on stderr (`Progress`), the
+model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loading, sampling
+one batch, printing a sample, and ending without a traceback."""
 import argparse
+import contextlib
+import functools
 import os
 import signal
 import sys
+import time
 
 from tqdm import tqdm
 
@@ -13,12 +17,80 @@ from .args import Parser, ranged
 DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]  # Keras dtype policies
 
 
+def add_quiet(parser):
+    """--quiet, as every command has it."""
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress on stderr (bars, stage lines): only the results, warnings and errors")
+
+
+class Progress:
+    """How a command shows long work, on stderr (stdout keeps the results): `note` writes a
+    line for each stage ("loading models/124M"), `bar` is a tqdm bar, drawn only where stderr
+    is a terminal. With `quiet` (--quiet) neither shows, nor, within `library_bars`, the
+    bars that library code draws itself (download's)."""
+
+    def __init__(self, quiet=False):
+        self.quiet = bool(quiet)
+        self.start = time.monotonic()
+
+    def note(self, message):
+        if not self.quiet:
+            tqdm.write(message, file=sys.stderr)
+            sys.stderr.flush()
+
+    def bar(self, total=None, *, unit, leave=False, position=None, desc=None):
+        return tqdm(total=total, unit=unit, leave=leave, position=position, desc=desc, file=sys.stderr,
+                    disable=self.quiet or not sys.stderr.isatty())
+
+    @contextlib.contextmanager
+    def library_bars(self, module):
+        """Within it, with --quiet, the bars that `module` draws itself through its name `tqdm`
+        (formats/download.py's) are off. (tqdm's TQDM_DISABLE would not do: tqdm reads it
+        once, when imported.)"""
+        if not self.quiet:
+            yield
+            return
+        drawn = module.tqdm
+        module.tqdm = functools.partial(drawn, disable=True)
+        try:
+            yield
+        finally:
+            module.tqdm = drawn
+
+    def seconds(self):
+        """Seconds since the command started."""
+        return time.monotonic() - self.start
+
+
+def add_model_flags(parser, *, default="124M"):
+    """The model to use, as every command takes it: --model_dir, or --model_name in --models_dir."""
+    parser.add_argument("--model_name", default=default,
+                        help=f"which model: the folder <models_dir>/<model_name> (default {default})")
+    parser.add_argument("--models_dir", default="models", help="the folder holding the <model_name> folders")
+    parser.add_argument("--model_dir", help="a model or run folder, in place of --models_dir/--model_name")
+
+
+def model_dir(args):
+    """The model folder the flags of `add_model_flags` name; FileNotFoundError says how to get
+    a published one that is missing."""
+    if args.model_dir:
+        return find_model_dir(os.path.expanduser(os.path.expandvars(args.model_dir)))
+    return find_model_dir(os.path.join(os.path.expanduser(os.path.expandvars(args.models_dir)), args.model_name))
+
+
+def encoder_of(folder):
+    """The encoder of a model folder's encoder.json and vocab.bpe (the shipped copy if it has neither)."""
+    from ..encoder import get_encoder
+    folder = os.path.normpath(folder)
+    return get_encoder(os.path.basename(folder), os.path.dirname(folder))
+
+
 def parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
     """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot;
     --nsamples only where `nsamples` has a default."""
     p = Parser(prog=prog, description=description,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_name", default="124M", help="which model: the folder <models_dir>/<model_name>")
+    add_model_flags(p)
     p.add_argument("--seed", type=ranged(int, 0, 2**32 - 1),
                    help="fix it to reproduce the samples (default: random); they depend on --batch_size "
                         "too, so keep it the same")
@@ -36,26 +108,24 @@ def parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=No
     p.add_argument("--top_p", type=ranged(float, 0, 1), default=1.0,
                    help="nucleus sampling: from the most likely tokens whose probabilities add up to p; "
                         "1 (default) means no limit")
-    p.add_argument("--models_dir", default="models", help="the folder holding the <model_name> folders")
     p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
     p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
+    add_quiet(p)
     return p
 
 
 def load(args, default_length):
     """The model, its encoder and the number of tokens to generate (`default_length(n_ctx)`
     without --length). Exits with a message for a length over n_ctx or an unusable folder."""
-    models_dir = os.path.expanduser(os.path.expandvars(args.models_dir))
     try:
-        model_dir = find_model_dir(os.path.join(models_dir, args.model_name))
-        n_ctx = load_hparams(model_dir).n_ctx
+        folder = model_dir(args)
+        n_ctx = load_hparams(folder).n_ctx
         if args.length is not None and args.length > n_ctx:
             sys.exit(f"Can't get samples longer than window size: {n_ctx}")
-        from ..encoder import get_encoder
         from ..formats.checkpoint import load_model
-        enc = get_encoder(args.model_name, models_dir)
-        model = load_model(model_dir, dtype=args.dtype)
+        enc = encoder_of(folder)
+        model = load_model(folder, dtype=args.dtype)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     return model, enc, default_length(n_ctx) if args.length is None else args.length
@@ -65,7 +135,7 @@ def sample_batch(model, enc, args, length, context, batch):
     """The texts generated after `context` (token ids), one per row of the batch. With --seed,
     batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
     from ..sample import sample_sequence
-    with tqdm(total=length, unit="token", leave=False, position=1, disable=not sys.stderr.isatty()) as bar:
+    with Progress(args.quiet).bar(length, unit="token", position=1) as bar:
         out = sample_sequence(
             model=model, length=length, context=[context] * args.batch_size,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -74,10 +144,10 @@ def sample_batch(model, enc, args, length, context, batch):
     return [enc.decode(row[len(context):]) for row in out]
 
 
-def progress(total):
-    """A bar counting samples on stderr, shown only where stderr is a terminal (beneath it,
-    `sample_batch` counts the tokens of each batch as they are generated)."""
-    return tqdm(total=total, unit="sample", leave=False, disable=not sys.stderr.isatty())
+def progress(args, total):
+    """A bar counting samples on stderr, shown only where stderr is a terminal and without
+    --quiet (beneath it, `sample_batch` counts the tokens of each batch as they are generated)."""
+    return Progress(args.quiet).bar(total, unit="sample")
 
 
 def show(n, text):

@@ -4,6 +4,7 @@ position, greedy continuations from both, and the time each took.
 
     tfgpt2 compare --model_dir models/124M --reference_src ../gpt-2/src \\
         --prompt "Every effort moves you" --length 20
+    tfgpt2 compare --model_name 124M --reference_src ../gpt-2/src --perturb model/h1/mlp/c_proj/w
 
 Exit status 0 when logits, present and every block are within tolerance, 1 otherwise.
 The original runs in a child process (`tfgpt2.testing.reference`); this process stays TF2.
@@ -16,11 +17,12 @@ import numpy as np
 
 from ..testing import compare
 from .args import Parser, ranged
+from .common import Progress, add_model_flags, add_quiet, encoder_of, model_dir
 
 
 def parse_args(argv, prog="tfgpt2 compare"):
     parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model_dir", required=True, help="a model folder (hparams.json, checkpoint, vocabulary)")
+    add_model_flags(parser)
     parser.add_argument("--reference_src", required=True, type=reference_src,
                         help="src/ of a clone of OpenAI's gpt-2 repository")
     parser.add_argument("--prompt", default="Every effort moves you")
@@ -32,6 +34,7 @@ def parse_args(argv, prog="tfgpt2 compare"):
     parser.add_argument("--perturb", metavar="VARIABLE",
                         help="self-check: add 1 to the first element of this tfgpt2 variable in memory "
                              "(e.g. model/h1/mlp/c_proj/w); the tool must then exit 1 and name its layer")
+    add_quiet(parser)
     return parser.parse_args(argv)
 
 
@@ -57,17 +60,19 @@ def fits(tokens, length, n_ctx):
 
 
 def main(argv=None, prog="tfgpt2 compare"):
-    args = parse_args(argv)
-    from ..encoder import get_encoder
+    args = parse_args(argv, prog)
     from ..formats.checkpoint import load_model
     from ..testing.reference import Reference, ReferenceError
 
-    model_dir = os.path.normpath(args.model_dir)
+    progress = Progress(args.quiet)
     try:
-        encoder = get_encoder(os.path.basename(model_dir), os.path.dirname(model_dir))
-        model = load_model(model_dir)
+        folder = os.path.normpath(model_dir(args))
+        encoder = encoder_of(folder)
+        progress.note(f"loading {folder}")
+        model = load_model(folder)
     except (OSError, ValueError) as e:
-        sys.exit(f"error: --model_dir {args.model_dir}: {e}")
+        where = f"--model_dir {args.model_dir}: " if args.model_dir else ""
+        sys.exit(f"error: {where}{e}")
     tokens = np.array([encoder.encode(args.prompt)], np.int32)
     problem = fits(tokens.shape[1], args.length, model.hparams.n_ctx)
     if problem:
@@ -77,14 +82,15 @@ def main(argv=None, prog="tfgpt2 compare"):
             compare.perturb(model, args.perturb)
         except ValueError as e:
             sys.exit(f"error: --perturb {args.perturb}: {e}")
+    progress.note(f"running OpenAI's code from {args.reference_src} in a child process beside tfgpt2")
     try:
-        with Reference(args.reference_src, model_dir) as ref:
+        with Reference(args.reference_src, folder) as ref:
             comparison = compare.compare(model, ref, tokens, length=args.length,
                                          atol=args.atol, hidden_rtol=args.hidden_rtol)
     except ReferenceError as e:
         sys.exit(f"error: --reference_src {args.reference_src}: OpenAI's code there failed: "
                  f"{str(e).splitlines()[0]}")
-    print(f"tfgpt2 vs OpenAI's original ({args.reference_src}) on {model_dir}, "
+    print(f"tfgpt2 vs OpenAI's original ({args.reference_src}) on {folder}, "
           f"{tokens.shape[1]} prompt tokens" + (f", {args.perturb} perturbed" if args.perturb else ""))
     print(compare.report(comparison, encoder.decode))
     return 0 if comparison.ok else 1

@@ -7,28 +7,33 @@
 openai: hparams.json + model.ckpt.* (SRC may be a model name: models/<name>);
 hf: config.json + model.safetensors (never pytorch_model.bin);
 kerashub: a preset folder for keras_hub.models.GPT2CausalLM.from_preset.
+Progress: a line on stderr before the work and its time after; --quiet leaves the result line.
 """
 import argparse
-import sys
 
 from ..formats.convert import FORMATS, convert
 from ..hparams import find_model_dir
+from .args import Parser
+from .common import Progress, add_quiet
 
 
 def main(argv=None, prog="tfgpt2 convert"):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="src_format", required=True, choices=FORMATS, help="SRC's layout")
     parser.add_argument("--to", dest="dst_format", required=True, choices=FORMATS, help="DST's layout")
     parser.add_argument("--models_dir", default="models", help="where a model name in SRC is looked up (openai)")
     parser.add_argument("src", metavar="SRC", help="the folder to read")
     parser.add_argument("dst", metavar="DST", help="the folder to write (created; files in it are replaced)")
+    add_quiet(parser)
     args = parser.parse_args(argv)
+    progress = Progress(args.quiet)
     try:
         src = args.src
         if args.src_format == "openai":
             src = find_model_dir(src, args.models_dir)
+        progress.note(f"reading {src} ({args.src_format}) and writing {args.dst} ({args.dst_format})")
         convert(src, args.dst, src_format=args.src_format, dst_format=args.dst_format)
     except (OSError, ValueError) as e:
         parser.exit(1, f"error: {e}\n")
-    print(f"wrote {args.dst} ({args.dst_format}) from {src} ({args.src_format})")
+    print(f"wrote {args.dst} ({args.dst_format}) from {src} ({args.src_format}) in {progress.seconds():.1f} s")
     return 0

@@ -3,14 +3,18 @@ download_model.py does:
 
     tfgpt2 download 124M
     tfgpt2 download 355M --models_dir models
+    tfgpt2 download 124M --base_url https://mirror.example/gpt-2 --quiet
 
 Each file is written to <file>.part and renamed once complete; a rerun skips the files already
-whole and resumes a .part file where the server allows it.
+whole and resumes a .part file where the server allows it. Progress: a bar per file on
+stderr; --quiet leaves the errors and warnings.
 """
 import argparse
 import sys
 
+from ..formats import download
 from ..formats.download import BASE_URL, MODEL_NAMES, DownloadError, download_model
+from .common import Progress, add_quiet
 
 
 def main(argv=None, prog="tfgpt2 download"):
@@ -19,13 +23,16 @@ def main(argv=None, prog="tfgpt2 download"):
     parser.add_argument('model_name', help=', '.join(MODEL_NAMES))
     parser.add_argument('--models_dir', default='models', help='default: %(default)s')
     parser.add_argument('--base_url', default=BASE_URL, help='default: %(default)s')
+    add_quiet(parser)
     args = parser.parse_args(argv)
     try:
-        download_model(args.model_name, args.models_dir, args.base_url)
+        with Progress(args.quiet).library_bars(download):  # --quiet: the download's own bars off
+            folder = download_model(args.model_name, args.models_dir, args.base_url)
     except (DownloadError, OSError) as e:
         print(f'{prog}: error: {e}', file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f'{prog}: interrupted; rerun to resume', file=sys.stderr)
         return 130
+    print(f'{folder}: {args.model_name} complete')
     return 0

@@ -2,9 +2,11 @@
 training starts without encoding it again.
 
     tfgpt2 encode corpus/ corpus.npz --model_name 124M --combine 50000
+    tfgpt2 encode "texts/*.txt" texts.npz --quiet
 
 The chunks are `np.savez_compressed(out, *chunks)` (arrays arr_0, arr_1, ...), which
-`tfgpt2 train --dataset corpus.npz` and the forks' train.py read.
+`tfgpt2 train --dataset corpus.npz` and the forks' train.py read. Progress: a line on stderr
+for each stage; --quiet leaves the result line.
 """
 import argparse
 import sys
@@ -14,6 +16,8 @@ import numpy as np
 from ..encoder import get_encoder
 from ..formats.files import replacing
 from ..train.data import DatasetError, load_dataset
+from .args import ranged
+from .common import Progress, add_quiet
 
 
 def main(argv=None, prog="tfgpt2 encode"):
@@ -23,18 +27,23 @@ def main(argv=None, prog="tfgpt2 encode"):
     p.add_argument("out_npz", help="the .npz to write")
     p.add_argument("--model_name", default="124M", help="whose encoder.json and vocab.bpe (else the shipped copy)")
     p.add_argument("--models_dir", default="models")
-    p.add_argument("--combine", type=int, default=50000,
+    p.add_argument("--combine", type=ranged(int, 1), default=50000,
                    help="join files with <|endoftext|> until at least this many characters per chunk")
     p.add_argument("--encoding", default="utf-8", help="the text files' encoding")
+    add_quiet(p)
     args = p.parse_args(argv)
+    progress = Progress(args.quiet)
     try:
         enc = get_encoder(args.model_name, args.models_dir)
+        progress.note(f"reading and encoding {args.in_text}")
         chunks = load_dataset(enc, args.in_text, combine=args.combine, encoding=args.encoding)
         if not chunks:
             raise DatasetError(f"{args.in_text}: no text to encode")
         out = args.out_npz if args.out_npz.endswith(".npz") else args.out_npz + ".npz"
+        progress.note(f"writing {out}")
         with replacing(out) as tmp:  # ends with .npz, to which savez adds nothing
             np.savez_compressed(tmp, *chunks)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
-    print(f"wrote {out}: {sum(c.size for c in chunks)} tokens in {len(chunks)} chunks")
+    print(f"wrote {out}: {sum(c.size for c in chunks)} tokens in {len(chunks)} chunks "
+          f"in {progress.seconds():.1f} s")

@@ -1,26 +1,45 @@
-"""Generate samples from nothing (after <|endoftext|>), as OpenAI's
-`src/generate_unconditional_samples.py` does, with its flags and output:
+"""Generate samples, as OpenAI's `src/generate_unconditional_samples.py` does, with its flags
+and output; with --prompt, continuations of that text instead.
 
-    python -m tfgpt2.generate_unconditional_samples --model_name 124M --nsamples 4 --top_k 40
+    tfgpt2 generate --model_name 124M --nsamples 4 --top_k 40
+    tfgpt2 generate --prompt "The meaning of life is" --nsamples 2 --length 40 --seed 1
+    tfgpt2 generate --model_dir checkpoint/run1 --nsamples 1 --temperature 0.7 | less
 
---nsamples 0 (the default) generates until interrupted (Ctrl-C); --length defaults to n_ctx. One
+Without --prompt each sample starts from <|endoftext|> alone and --length defaults to n_ctx;
+with --prompt it continues the prompt's tokens and --length defaults to half of n_ctx (as the
+interactive command). --nsamples 0 (the default) generates until interrupted (Ctrl-C). One
 difference: the original adds batch_size to its count for every sample, so with
 --batch_size 2 its banners read SAMPLE 2, 4, ... and it stops at half of --nsamples. Here
 samples are numbered 1, 2, 3, ... and there are exactly --nsamples of them.
+
+The original's spelling works too, with the same flags:
+    python -m tfgpt2.generate_unconditional_samples --model_name 124M --top_k 40
 """
+import sys
+
 from .common import end_at_once, load, parser, progress, sample_batch, show
 
 
 def main(argv=None, prog="tfgpt2 generate"):
     end_at_once()
-    args = parser(prog, __doc__,
-                  nsamples=0, nsamples_min=0, nsamples_help="how many samples; 0 (default) generates forever",
-                  length_help="tokens per sample (default: the model's n_ctx)").parse_args(argv)
-    model, enc, length = load(args, lambda n_ctx: n_ctx)
+    p = parser(prog, __doc__,
+               nsamples=0, nsamples_min=0, nsamples_help="how many samples; 0 (default) generates forever",
+               length_help="tokens per sample (default: the model's n_ctx, or half of it with --prompt)")
+    p.add_argument("--prompt", metavar="TEXT",
+                   help="continue this text (default: samples from nothing, after <|endoftext|>)")
+    args = p.parse_args(argv)
+    if args.prompt == "":
+        p.error("argument --prompt: the prompt is empty; leave --prompt out for samples from nothing")
+    model, enc, length = load(args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
+    context = [enc.eot_token] if args.prompt is None else enc.encode(args.prompt)
+    n_ctx = model.hparams.n_ctx
+    if len(context) + length - 1 > n_ctx:  # the last new token is never fed back
+        sys.exit(f"error: --prompt has {len(context)} tokens; with --length {length} at most "
+                 f"{n_ctx - length + 1} fit in the model's window of {n_ctx}")
     generated, batch = 0, 0
-    with progress(args.nsamples or None) as bar:
+    with progress(args, args.nsamples or None) as bar:
         while args.nsamples == 0 or generated < args.nsamples:
-            texts = sample_batch(model, enc, args, length, [enc.eot_token], batch)
+            texts = sample_batch(model, enc, args, length, context, batch)
             for text in texts[:args.nsamples - generated if args.nsamples else None]:
                 generated += 1
                 show(generated, text)

@@ -1,7 +1,10 @@
 """Continue every prompt of a JSONL file, appending the results to another JSONL file:
 
-    python -m tfgpt2.generate_batch --model_name 124M --input prompts.jsonl --output out.jsonl \\
+    tfgpt2 generate-batch --model_name 124M --input prompts.jsonl --output out.jsonl \\
         --length 40 --top_k 40 --seed 1
+    tfgpt2 generate-batch --model_dir checkpoint/run1 --input prompts.jsonl --output out.jsonl --workers 2
+
+(also `python -m tfgpt2.generate_batch`, with the same flags)
 
 Each input line is a JSON object with a "prompt" (text; other keys are ignored, blank lines
 skipped). Each output line is a JSON object {"line", "prompt", "text", "tokens"}: the input's
@@ -30,9 +33,12 @@ CUDA_VISIBLE_DEVICES lists devices, worker k sees only the (k % count)-th of the
 stops when the process that started it is gone; one that fails stops the others.
 
 A run holds <output>.lock: a second run on the same output is refused while it lasts.
+Progress: a line on stderr every few seconds (prompts done, prompts/s, tokens/s); --quiet
+leaves only the errors and the counts of skipped lines.
 """
 import argparse
 import fcntl
+import importlib.util
 import json
 import os
 import subprocess
@@ -42,9 +48,8 @@ import time
 import numpy as np
 
 from .args import ranged
-from .common import end_at_once, load, parser
+from .common import Progress, encoder_of, end_at_once, load, model_dir, parser
 from ..decoding.plan import bucket
-from ..encoder import get_encoder
 from ..formats.files import replacing
 from ..hparams import load_hparams
 from ..sample import generate
@@ -177,12 +182,13 @@ def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1,
     of `--workers` (`parent`: the process that started it) stops once that process is gone."""
     todo = [(b, rows) for b, rows in enumerate(batches) if b % workers == worker
             and any(n not in done for n, _, _ in rows)]
+    progress = Progress(args.quiet)
     total = sum(len(rows) for _, rows in todo)
     prompts = tokens = 0
     start = last = time.monotonic()
     name = f"worker {worker}/{workers}: " if workers > 1 else ""
     if not todo:
-        print(f"{name}no prompts left to generate", file=sys.stderr)
+        progress.note(f"{name}no prompts left to generate")
     for b, rows in todo:
         if parent is not None and os.getppid() != parent:
             return prompts
@@ -197,8 +203,8 @@ def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1,
         now = time.monotonic()
         if now - last >= PROGRESS_EVERY or prompts == total:
             last = now
-            print(f"{name}{prompts}/{total} prompts, {prompts / (now - start):.2f} prompts/s, "
-                  f"{tokens / (now - start):.1f} tokens/s", file=sys.stderr, flush=True)
+            progress.note(f"{name}{prompts}/{total} prompts, {prompts / (now - start):.2f} prompts/s, "
+                          f"{tokens / (now - start):.1f} tokens/s")
     return prompts
 
 
@@ -208,9 +214,8 @@ def spawn(argv, args):
     children = []
     for k in range(args.workers):
         env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": visible[k % len(visible)]} if visible else {}))
-        children.append(subprocess.Popen(
-            [sys.executable, "-m", "tfgpt2.generate_batch", *argv, "--seed", str(args.seed), "--worker", str(k)],
-            env=env))
+        children.append(subprocess.Popen([*worker_command(), *argv, "--seed", str(args.seed), "--worker", str(k)],
+                                         env=env))
     failed = None
     while children and failed is None:
         for k, child in enumerate(children):
@@ -226,16 +231,25 @@ def spawn(argv, args):
     return 0
 
 
+def worker_command():
+    """How a worker is started: as `tfgpt2 generate-batch` through the console script's module,
+    which keeps TensorFlow's start-up lines off the terminal, where it is importable (else
+    `python -m tfgpt2.generate_batch`)."""
+    if importlib.util.find_spec("tfgpt2_cli") is not None:
+        return [sys.executable, "-m", "tfgpt2_cli", "generate-batch"]
+    return [sys.executable, "-m", "tfgpt2.generate_batch"]
+
+
 def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
     """The command; `model`, where given, is --model_name already loaded (else it is loaded here)."""
     end_at_once()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = arguments(argv, prog)
-    models_dir = os.path.expanduser(os.path.expandvars(args.models_dir))
     held = None
     try:
-        n_ctx = load_hparams(os.path.join(models_dir, args.model_name)).n_ctx
-        enc = get_encoder(args.model_name, models_dir)
+        folder = model_dir(args)
+        n_ctx = load_hparams(folder).n_ctx
+        enc = encoder_of(folder)
         length = n_ctx // 2 if args.length is None else args.length
         if length < 1:
             raise ValueError(f"--length must be at least 1, got {length}")
@@ -259,8 +273,8 @@ def run_batches(argv, args, model, enc, length, batches):
         status = spawn(argv, args)
         if status == 0:
             rows = len(read_done(args.output, repair=False)) - len(done)
-            print(f"{rows} prompts in {time.monotonic() - start:.1f} s with {args.workers} workers",
-                  file=sys.stderr)
+            Progress(args.quiet).note(f"{rows} prompts in {time.monotonic() - start:.1f} s with "
+                                      f"{args.workers} workers")
         return status
     if model is None:
         model = load(args, lambda n_ctx: n_ctx // 2)[0]

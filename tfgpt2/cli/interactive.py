@@ -1,8 +1,8 @@
 r"""Continue prompts, as OpenAI's `src/interactive_conditional_samples.py` does, with its
 flags and output:
 
-    python -m tfgpt2.interactive_conditional_samples --model_name 124M --top_k 40
-    printf 'First prompt\nSecond prompt\n' | python -m tfgpt2.interactive_conditional_samples
+    tfgpt2 interactive --model_name 124M --top_k 40
+    printf 'First prompt\nSecond prompt\n' | tfgpt2 interactive --length 20 --seed 1
 
 On a terminal it asks "Model prompt >>> "; otherwise it reads one prompt per line of stdin,
 without asking, and says "Prompt should not be empty!" on stderr. It ends at end of input
@@ -11,6 +11,9 @@ divide it) of --length tokens (default n_ctx // 2), then a line of 80 "=". A pro
 for the model's window with --length more tokens gets an error naming its line, and no
 samples. With --seed, a run repeats exactly: batch b of the run, counted over all prompts,
 uses seed + b.
+
+The original's spelling works too, with the same flags:
+    printf 'First prompt\nSecond prompt\n' | python -m tfgpt2.interactive_conditional_samples
 """
 import itertools
 import sys
@@ -51,7 +54,7 @@ def main(argv=None, prog="tfgpt2 interactive"):
             print(f"error: line {number}: the prompt has {len(context)} tokens; with --length {length} "
                   f"at most {n_ctx - length + 1} fit in the model's window of {n_ctx}", file=sys.stderr)
             continue
-        with progress(args.nsamples) as bar:
+        with progress(args, args.nsamples) as bar:
             for generated in range(0, args.nsamples, args.batch_size):
                 for n, text in enumerate(sample_batch(model, enc, args, length, context, batch), generated + 1):
                     show(n, text)

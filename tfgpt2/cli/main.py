@@ -1,7 +1,8 @@
 """`tfgpt2 <command> ...`: every command a user runs, one module each in this folder.
 
-TensorFlow is imported only by the commands that need it, after `quiet()` has hidden its
-start-up notices (they go to stderr before any flag could be read)."""
+The `tfgpt2` console script is `tfgpt2_cli.main` (a top-level module beside the package): it
+hides TensorFlow's start-up lines while it imports TensorFlow and tfgpt2, then calls `main`
+here. `run_command` also serves the `python -m tfgpt2.<script>` entry points."""
 import importlib
 import logging
 import os
@@ -44,7 +45,12 @@ def usage():
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help}" for name, (_, help) in COMMANDS.items()]
     return ("usage: tfgpt2 <command> [options]   (tfgpt2 <command> --help for its options and examples)\n\n"
-            "OpenAI's GPT-2 in TensorFlow 2 / Keras 3.\n\ncommands:\n" + "\n".join(lines) + "\n")
+            "OpenAI's GPT-2 in TensorFlow 2 / Keras 3.\n\ncommands:\n" + "\n".join(lines) + "\n\n"
+            "Every command takes --quiet (no progress on stderr, only results and errors).\n"
+            "For example:\n"
+            "  tfgpt2 download 124M\n"
+            "  tfgpt2 generate --model_name 124M --prompt \"Hello, my name is\" --nsamples 2 --length 40\n"
+            "  tfgpt2 train --dataset corpus.txt --model_name 124M --steps 1000\n")
 
 
 def run_command(name, argv=None, *, prog=None):
@@ -56,8 +62,10 @@ def run_command(name, argv=None, *, prog=None):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["help"] and argv[1:2] and argv[1] in COMMANDS:  # tfgpt2 help <command>
+        argv = [argv[1], "--help"]
     if not argv or argv[0] in ("-h", "--help", "help"):
-        sys.stdout.write(usage())
+        (sys.stdout if argv else sys.stderr).write(usage())
         return 0 if argv else 2
     if argv[0] == "--version":
         from importlib.metadata import version

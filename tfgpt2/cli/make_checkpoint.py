@@ -11,23 +11,36 @@ import json
 import os
 
 from ..hparams import PUBLISHED, default_hparams, published_hparams
-from .args import ranged
+from .args import Parser, ranged
+from .common import Progress, add_quiet
 
 
 def main(argv=None, prog="tfgpt2 make-checkpoint"):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_name", help=f"folder name; one of {list(PUBLISHED)} gives that size's hparams")
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--hparams", help="JSON object overriding the hparams (n_vocab, n_ctx, n_embd, n_head, n_layer)")
     parser.add_argument("--std", type=ranged(float, 0), default=0.1, help="the weights' standard deviation (default 0.1)")
     parser.add_argument("--seed", type=ranged(int, 0), default=0)
     parser.add_argument("--untied", action="store_true", help="add a separate output layer model/out_head")
+    add_quiet(parser)
     args = parser.parse_args(argv)
     hparams = published_hparams(args.model_name) if args.model_name in PUBLISHED else \
         default_hparams().override_from_dict({"n_vocab": 50257})
     if args.hparams:
-        hparams.override_from_dict(json.loads(args.hparams))
+        try:
+            overrides = json.loads(args.hparams)
+            if not isinstance(overrides, dict):
+                raise ValueError("not a JSON object")
+            hparams.override_from_dict(overrides)
+        except ValueError as e:
+            parser.error(f"argument --hparams: {e}")
     model_dir = os.path.join(args.models_dir, args.model_name)
     from ..testing.checkpoints import make_checkpoint
-    make_checkpoint(model_dir, hparams, std=args.std, seed=args.seed, tie_embeddings=not args.untied)
+    Progress(args.quiet).note(f"writing random weights to {model_dir}")
+    try:
+        make_checkpoint(model_dir, hparams, std=args.std, seed=args.seed, tie_embeddings=not args.untied)
+    except (OSError, ValueError) as e:
+        parser.exit(1, f"error: {e}\n")
     print(f"wrote {model_dir} ({hparams.values()}, std {args.std}, seed {args.seed})")
+    return 0
