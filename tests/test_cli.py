@@ -96,16 +96,6 @@ def test_progress_notes_and_bars_are_off_with_quiet(capsys):
     assert loud.bar(3, unit="x").disable  # stderr is not a terminal here: no bar, only lines
 
 
-def test_quiet_turns_off_the_bars_a_library_module_draws():
-    from tfgpt2.formats import download
-    drawn = download.tqdm
-    with common.Progress(True).library_bars(download):
-        assert download.tqdm(total=1).disable
-    assert download.tqdm is drawn
-    with common.Progress(False).library_bars(download):
-        assert download.tqdm is drawn
-
-
 def test_encode_shows_progress_unless_quiet(tmp_path, capsys):
     from tfgpt2.cli import encode
     (tmp_path / "a.txt").write_text("Hello world. " * 10)

@@ -2,8 +2,6 @@
 model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loading, sampling
 one batch, printing a sample, and ending without a traceback."""
 import argparse
-import contextlib
-import functools
 import os
 import signal
 import sys
@@ -26,8 +24,7 @@ def add_quiet(parser):
 class Progress:
     """How a command shows long work, on stderr (stdout keeps the results): `note` writes a
     line for each stage ("loading models/124M"), `bar` is a tqdm bar, drawn only where stderr
-    is a terminal. With `quiet` (--quiet) neither shows, nor, within `library_bars`, the
-    bars that library code draws itself (download's)."""
+    is a terminal. With `quiet` (--quiet) neither shows."""
 
     def __init__(self, quiet=False):
         self.quiet = bool(quiet)
@@ -41,21 +38,6 @@ class Progress:
     def bar(self, total=None, *, unit, leave=False, position=None, desc=None):
         return tqdm(total=total, unit=unit, leave=leave, position=position, desc=desc, file=sys.stderr,
                     disable=self.quiet or not sys.stderr.isatty())
-
-    @contextlib.contextmanager
-    def library_bars(self, module):
-        """Within it, with --quiet, the bars that `module` draws itself through its name `tqdm`
-        (formats/download.py's) are off. (tqdm's TQDM_DISABLE would not do: tqdm reads it
-        once, when imported.)"""
-        if not self.quiet:
-            yield
-            return
-        drawn = module.tqdm
-        module.tqdm = functools.partial(drawn, disable=True)
-        try:
-            yield
-        finally:
-            module.tqdm = drawn
 
     def seconds(self):
         """Seconds since the command started."""

@@ -12,9 +12,8 @@ stderr; --quiet leaves the errors and warnings.
 import argparse
 import sys
 
-from ..formats import download
 from ..formats.download import BASE_URL, MODEL_NAMES, DownloadError, download_model
-from .common import Progress, add_quiet
+from .common import add_quiet
 
 
 def main(argv=None, prog="tfgpt2 download"):
@@ -26,8 +25,7 @@ def main(argv=None, prog="tfgpt2 download"):
     add_quiet(parser)
     args = parser.parse_args(argv)
     try:
-        with Progress(args.quiet).library_bars(download):  # --quiet: the download's own bars off
-            folder = download_model(args.model_name, args.models_dir, args.base_url)
+        folder = download_model(args.model_name, args.models_dir, args.base_url, progress=not args.quiet)
     except (DownloadError, OSError) as e:
         print(f'{prog}: error: {e}', file=sys.stderr)
         return 1

@@ -33,7 +33,7 @@ class Unreachable(DownloadError):
     """No connection to the server at all (no network, wrong host)."""
 
 
-def download_model(model_name, models_dir='models', base_url=BASE_URL):
+def download_model(model_name, models_dir='models', base_url=BASE_URL, *, progress=True):
     """Fetch every file of `model_name` into models_dir/model_name; returns that folder (made
     when the first file arrives)."""
     check_model_name(model_name)
@@ -41,7 +41,7 @@ def download_model(model_name, models_dir='models', base_url=BASE_URL):
     with requests.Session() as session:
         for filename in FILENAMES:
             url = f"{base_url.rstrip('/')}/models/{model_name}/{filename}"
-            download_file(session, url, os.path.join(folder, filename))
+            download_file(session, url, os.path.join(folder, filename), progress=progress)
     return folder
 
 
@@ -53,7 +53,7 @@ def check_model_name(model_name):
         raise DownloadError(f"unknown model '{model_name}': choose one of {', '.join(MODEL_NAMES)}")
 
 
-def download_file(session, url, path):
+def download_file(session, url, path, *, progress=True):
     """Make `path` the complete file at `url`, unless it has that file's size already."""
     try:
         size = _request(session, 'HEAD', url, allow_redirects=True).headers.get('Content-Length')
@@ -70,14 +70,14 @@ def download_file(session, url, path):
     part = path + '.part'
     done = os.path.getsize(part) if os.path.isfile(part) else 0
     if done != size:
-        _fetch(session, url, part, done if done < size else 0, size)
+        _fetch(session, url, part, done if done < size else 0, size, progress)
     got = os.path.getsize(part)
     if got != size:  # where urllib3 (1.x) does not enforce Content-Length itself
         raise DownloadError(f'{url}: received {got} of {size} bytes; rerun to resume')
     os.replace(part, path)
 
 
-def _fetch(session, url, part, done, size):
+def _fetch(session, url, part, done, size, progress=True):
     """Append the rest of `url` to `part` from byte `done`, or rewrite it from the start."""
     headers = {'Range': f'bytes={done}-'} if done else {}
     with _request(session, 'GET', url, headers=headers, stream=True) as r:
@@ -93,7 +93,7 @@ def _fetch(session, url, part, done, size):
         os.makedirs(os.path.dirname(part), exist_ok=True)  # not before: a failed request leaves no folder
         with open(part, 'ab' if done else 'wb') as f, tqdm(
                 desc='Fetching ' + url.rsplit('/', 1)[-1], total=size, initial=done,
-                ncols=100, unit='B', unit_scale=True, unit_divisor=1024) as pbar:
+                ncols=100, unit='B', unit_scale=True, unit_divisor=1024, disable=not progress) as pbar:
             try:
                 for chunk in r.iter_content(CHUNK_SIZE):
                     f.write(chunk)
