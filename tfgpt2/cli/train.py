@@ -3,7 +3,7 @@ import os
 import sys
 
 from ..train import distribute
-from ..train.flags import parse_args, parser, run
+from ..train.flags import parse_args, parser, prefer_memory_schedule, run
 
 EXAMPLES = """examples:
     tfgpt2 train --dataset corpus.txt --model_name 124M --steps 1000 --run_name run1
@@ -27,6 +27,8 @@ def main(argv=None, prog="tfgpt2 train"):
     import tensorflow as tf
     from ..train.run_folder import checkpoint_steps
     args = parse_args(argv, prog=prog)
+    if args.remat:  # a process of its own: XLA's scheduler told to keep what --remat frees
+        prefer_memory_schedule()
     try:
         run(args)
     except (OSError, ValueError) as e:

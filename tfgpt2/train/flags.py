@@ -90,7 +90,9 @@ def finetune(dataset, *, strategy=None, **flags):
     keyword is the flag of that name (True for a switch), e.g.
     `finetune("corpus.txt", model_name="355M", steps=1000, remat=True)`. Returns the (step,
     loss) of each update; Ctrl-C (an interrupted cell) saves and returns. A bad flag raises
-    ValueError before anything is loaded or written."""
+    ValueError before anything is loaded or written. With `remat=True` on a CPU, calling
+    `prefer_memory_schedule()` first (before anything compiles) keeps XLA from undoing the
+    saving; it sets a process-wide flag, so it is yours to call (`tfgpt2 train --remat` does)."""
     argv = ["--dataset", str(dataset)]
     for name, value in flags.items():
         if value is True:
@@ -101,10 +103,8 @@ def finetune(dataset, *, strategy=None, **flags):
 
 
 def run(args, strategy=None):
-    """`train` in the strategy of --strategy unless given one, XLA's scheduler set for --remat."""
+    """`train` in the strategy of --strategy unless given one."""
     from .loop import train
-    if args.remat:
-        prefer_memory_schedule()
     return train(args, strategy or distribute.make_strategy(args.strategy, args.tpu))
 
 
