@@ -78,9 +78,8 @@ def run_tfgpt2(args):
     from tfgpt2.train.step import Trainer
     from tfgpt2.train.flags import prefer_memory_schedule
     if args.remat:
-        prefer_memory_schedule()  # as tfgpt2.train --remat does
-    model = load_model(args.model_dir, dtype=args.precision)
-    model.remat = args.remat
+        prefer_memory_schedule()  # as tfgpt2 train --remat does
+    model = load_model(args.model_dir, dtype=args.precision, remat=args.remat)
     optimizer = make_optimizer(args.optimizer, 2e-5)
     if args.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
