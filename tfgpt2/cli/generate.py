@@ -17,6 +17,7 @@ The original's spelling works too, with the same flags:
 """
 import sys
 
+from ..decoding.plan import fits
 from .common import end_at_once, load, parser, progress, sample_batch, show
 
 
@@ -33,7 +34,7 @@ def main(argv=None, prog="tfgpt2 generate"):
     model, enc, length = load(args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
     context = [enc.eot_token] if args.prompt is None else enc.encode(args.prompt)
     n_ctx = model.hparams.n_ctx
-    if len(context) + length - 1 > n_ctx:  # the last new token is never fed back
+    if not fits(len(context), length, n_ctx):
         sys.exit(f"error: --prompt has {len(context)} tokens; with --length {length} at most "
                  f"{n_ctx - length + 1} fit in the model's window of {n_ctx}")
     generated, batch = 0, 0

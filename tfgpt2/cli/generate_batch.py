@@ -47,12 +47,12 @@ import time
 
 import numpy as np
 
-from .args import ranged
-from .common import Progress, encoder_of, end_at_once, load, model_dir, parser
-from ..decoding.plan import bucket
+from ..decoding.plan import bucket, fits
 from ..formats.files import replacing
 from ..hparams import load_hparams
 from ..sample import generate
+from .args import ranged
+from .common import Progress, encoder_of, end_at_once, load, model_dir, parser
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr
 
@@ -101,7 +101,7 @@ def plan(args, enc, n_ctx, length):
             problem = prompt
         elif not tokens:
             problem = "empty prompt"
-        elif len(tokens) + length - 1 > n_ctx:  # as tfgpt2.sample.generate
+        elif not fits(len(tokens), length, n_ctx):
             problem = f"prompt of {len(tokens)} tokens + --length {length} - 1 exceeds the context window n_ctx={n_ctx}"
         else:
             problem = None

@@ -18,6 +18,7 @@ The original's spelling works too, with the same flags:
 import itertools
 import sys
 
+from ..decoding.plan import fits
 from .common import end_at_once, load, parser, progress, sample_batch, show
 
 
@@ -50,7 +51,7 @@ def main(argv=None, prog="tfgpt2 interactive"):
     batch = 0
     for number, prompt in prompts():
         context = enc.encode(prompt)
-        if len(context) + length - 1 > n_ctx:  # the last new token is never fed back
+        if not fits(len(context), length, n_ctx):
             print(f"error: line {number}: the prompt has {len(context)} tokens; with --length {length} "
                   f"at most {n_ctx - length + 1} fit in the model's window of {n_ctx}", file=sys.stderr)
             continue
