@@ -3,8 +3,9 @@ mirror of OpenAI's `src/model.py`) imports nothing of the machinery added around
 package never imports the developer tools in `benchmarks/`, and no module configures the
 process (environment variables, logging) when it is imported.
 
-Everything here is static (`ast` over every `tfgpt2/**/*.py`), so it runs in milliseconds and
-sees imports inside functions too, which run only when called."""
+The checks are static (`ast` over every `tfgpt2/**/*.py`), so they take milliseconds and see
+imports inside functions too, which run only when called; one slow test imports every module in
+a fresh process and compares the environment and logging before and after."""
 import ast
 import os
 import re

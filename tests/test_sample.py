@@ -32,12 +32,14 @@ def prompts_for(seed, lengths, n_vocab=50257):
     return [rng.integers(0, n_vocab, size=n).tolist() for n in lengths]
 
 
-def greedy_uncached(model, prompt, length):
-    """Greedy continuation by full forward passes over the whole sequence, no cache."""
-    tokens = list(prompt)
-    for _ in range(length):
-        tokens.append(int(np.argmax(model(np.array([tokens]))["logits"][0, -1])))
-    return tokens
+def assert_greedy(model, prompt, row):
+    """`row` is `prompt` and its greedy continuation by the model without a cache: each new
+    token the argmax of the logits after the tokens before it, all read from one forward pass
+    over the row (causal, so the same as a pass over each prefix)."""
+    row = np.asarray(row)
+    assert row[:len(prompt)].tolist() == list(prompt)
+    logits = model(row[None, :-1])["logits"].numpy()[0, len(prompt) - 1:]
+    np.testing.assert_array_equal(row[len(prompt):], logits.argmax(-1))
 
 
 # ---- against the reference --------------------------------------------------------------
@@ -94,7 +96,13 @@ def test_past_is_the_originals_and_generation_leaves_it_alone(tiny):
 def test_compiled_greedy_equals_uncached_greedy(tiny, jit_compile):
     prompt = prompts_for(2, [4])[0]
     ours = generate(tiny, [prompt], 20, top_k=1, jit_compile=jit_compile)[0]
-    assert ours.tolist() == greedy_uncached(tiny, prompt, 20)
+    assert len(ours) == len(prompt) + 20
+    assert_greedy(tiny, prompt, ours)
+    for at in (len(prompt), -1):  # the check itself: one token changed fails it
+        wrong = ours.copy()
+        wrong[at] = (wrong[at] + 1) % tiny.hparams.n_vocab
+        with pytest.raises(AssertionError):
+            assert_greedy(tiny, prompt, wrong)
 
 
 @pytest.mark.slow
@@ -330,7 +338,8 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
         gen.transposed = transposed
     assert copies == [1], "generate did not use the transposed copies at batch 3, or used them at batch 1"
     for prompt, row in zip(prompts, together):
-        assert row.tolist() == greedy_uncached(model, prompt, 40)
+        assert len(row) == len(prompt) + 40
+        assert_greedy(model, prompt, row)
     assert alone[0].tolist() == together[0].tolist()
 
 
