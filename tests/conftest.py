@@ -4,8 +4,8 @@ vocabulary; tests that need it skip with a reason where it is absent.
 Model folders are written once per test worker by `tfgpt2.testing.checkpoints.make_checkpoint`
 (the code behind `tfgpt2 make-checkpoint`), with weights of std >= 0.1 so that a wrong mask,
 scale or epsilon shows in the logits. The 124M-shaped model is loaded once per worker
-(`gpt2_124m`) for the tests that only read it, and OpenAI's code on it started once per worker
-(`reference_124m`).
+(`gpt2_124m`) for the tests that only read it, and OpenAI's code on the tiny and the 124M
+folders started once per worker (`reference_tiny`, `reference_124m`).
 """
 import collections
 import os
@@ -87,6 +87,14 @@ def gpt2_124m(gpt2_124m_dir):
     yield model
     changed = [v.path for v, s in zip(model.weights, sums) if float(np.sum(v.numpy(), dtype=np.float64)) != s]
     assert not changed, f"a test changed the shared gpt2_124m model: {changed}"
+
+
+@pytest.fixture(scope="session")
+def reference_tiny(tiny_dir):
+    """OpenAI's code on `tiny_dir` in its child process, started once per worker."""
+    from tfgpt2.testing.reference import Reference
+    with Reference(str(require_reference()), tiny_dir) as ref:
+        yield ref
 
 
 @pytest.fixture(scope="session")

@@ -126,8 +126,7 @@ def test_save_roundtrip_and_layout(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_saved_checkpoint_restores_in_reference(tiny_dir, tmp_path):
-    require_reference()
+def test_saved_checkpoint_restores_in_reference(tiny_dir, reference_tiny, tmp_path):
     model = load_model(tiny_dir)
     model.ln_f.b.assign(model.ln_f.b + 0.5)
     out = str(tmp_path / "saved")
@@ -135,8 +134,7 @@ def test_saved_checkpoint_restores_in_reference(tiny_dir, tmp_path):
     tokens = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
     with Reference(str(require_reference()), out) as ref:
         theirs = ref.model(tokens)["logits"]
-    with Reference(str(require_reference()), tiny_dir) as ref:
-        before = ref.model(tokens)["logits"]
+    before = reference_tiny.model(tokens)["logits"]
     ours = model(tokens)["logits"].numpy()
     assert np.abs(ours - theirs).max() <= ATOL
     assert np.abs(before - theirs).max() > 0.1, "the reference did not restore the saved weights"

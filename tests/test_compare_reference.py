@@ -1,5 +1,6 @@
 """`tfgpt2 compare` (tfgpt2/cli/compare.py), the comparison behind it (tfgpt2.testing.compare),
 and the notebook."""
+import os
 import sys
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 
 from tests.conftest import ROOT, execute_notebook, require_reference
 from tfgpt2.testing import compare
+from tfgpt2.testing import reference as reference_module
 from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.cli.compare import main
 
@@ -30,7 +32,20 @@ def test_tool_exits_0_where_both_agree(tiny_dir, capsys):
     ("model/h0/attn/c_attn/w", "h0"),
     ("model/ln_f/g", "none of the blocks; the difference is after them"),
 ])
-def test_tool_exits_1_naming_the_first_layer_that_differs(tiny_dir, capsys, variable, layer):
+def test_tool_exits_1_naming_the_first_layer_that_differs(tiny_dir, reference_tiny, monkeypatch, capsys, variable,
+                                                          layer):
+    """On the worker's reference process for the tiny folder (test_tool_exits_0_where_both_agree
+    has the tool start its own): the tool perturbs its own model, never the reference's."""
+    class Shared:
+        def __init__(self, reference_src, folder):
+            assert os.path.samefile(folder, tiny_dir)
+
+        def __enter__(self):
+            return reference_tiny
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(reference_module, "Reference", Shared)
     argv = ["--model_dir", tiny_dir, "--reference_src", str(require_reference()), "--length", "0",
             "--perturb", variable]
     assert main(argv) == 1

@@ -8,9 +8,6 @@ import pytest
 import tfgpt2
 from tfgpt2.cli import evaluate as evaluate_cli
 from tfgpt2.train import evaluate
-from tfgpt2.testing.reference import Reference
-
-from tests.conftest import require_reference
 
 TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
         "of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season "
@@ -40,12 +37,11 @@ def _reference_losses(ref, tokens, n_ctx, stride):
 
 
 @pytest.mark.slow
-def test_evaluate_equals_the_reference_mean_loss(tiny_dir, tmp_path, capsys):
+def test_evaluate_equals_the_reference_mean_loss(tiny_dir, reference_tiny, tmp_path, capsys):
     enc = tfgpt2.get_encoder("tiny", tiny_dir.rsplit("/", 1)[0])
     tokens = [enc.eot_token] + enc.encode(TEXT)
     assert len(tokens) > 64  # more than one window
-    with Reference(require_reference(), tiny_dir) as ref:
-        expected = _reference_losses(ref, tokens, 64, 24)
+    expected = _reference_losses(reference_tiny, tokens, 64, 24)
     result = evaluate.evaluate(tfgpt2.load_model(tiny_dir), tokens, stride=24, n_bytes=len(TEXT.encode()),
                                batch_size=2)
     assert result["tokens"] == len(tokens) - 1 == len(expected)

@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import ATOL, require_reference
+from tests.conftest import ATOL
 from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes
-from tfgpt2.testing.reference import Reference
 from tfgpt2.sample import generate
 from tfgpt2.cli.export import main as export_main
 
@@ -258,12 +257,10 @@ def test_the_whole_context_window(answers, tiny):
     np.testing.assert_array_equal(row, generate(tiny, [LONGEST], 5, top_k=1)[0])
 
 
-def test_greedy_matches_the_reference(answers, tiny_dir):
-    src = require_reference()
-    with Reference(str(src), tiny_dir) as ref:
-        for row, p in enumerate(EQUAL):
-            theirs, _ = ref.sample_sequence(context=[p], length=10, top_k=1, seed=0)
-            np.testing.assert_array_equal(answers["greedy"]["output_ids"][row], theirs[0], err_msg=f"row {row}")
+def test_greedy_matches_the_reference(answers, reference_tiny):
+    for row, p in enumerate(EQUAL):
+        theirs, _ = reference_tiny.sample_sequence(context=[p], length=10, top_k=1, seed=0)
+        np.testing.assert_array_equal(answers["greedy"]["output_ids"][row], theirs[0], err_msg=f"row {row}")
 
 
 def test_overflowing_requests_are_refused_before_anything_is_allocated(answers):

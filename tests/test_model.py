@@ -31,10 +31,12 @@ def pair(request):
     require_reference()
     if request.param == "gpt2_124m_dir":  # both once per worker
         yield request.getfixturevalue("gpt2_124m"), request.getfixturevalue("reference_124m")
-        return
-    model_dir = request.getfixturevalue(request.param)
-    with Reference(str(require_reference()), model_dir) as ref:
-        yield load_model(model_dir), ref
+    elif request.param == "tiny_dir":
+        yield load_model(request.getfixturevalue("tiny_dir")), request.getfixturevalue("reference_tiny")
+    else:
+        model_dir = request.getfixturevalue(request.param)
+        with Reference(str(require_reference()), model_dir) as ref:
+            yield load_model(model_dir), ref
 
 
 @pytest.mark.slow

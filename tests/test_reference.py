@@ -17,10 +17,9 @@ TOKENS = np.array([[6109, 3626, 6100, 345], [6109, 1110, 6622, 257]], np.int32)
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_dir):
+def tiny(tiny_dir, reference_tiny):
     """(tfgpt2 model, reference process) on the tiny folder."""
-    with Reference(str(require_reference()), tiny_dir) as ref:
-        yield load_model(tiny_dir), ref
+    return load_model(tiny_dir), reference_tiny
 
 
 def test_leaves_no_trace(tiny):
