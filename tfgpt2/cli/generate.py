@@ -7,7 +7,8 @@ and output; with --prompt, continuations of that text instead.
 
 Without --prompt each sample starts from <|endoftext|> alone and --length defaults to n_ctx;
 with --prompt it continues the prompt's tokens and --length defaults to half of n_ctx (as the
-interactive command). --nsamples 0 (the default) generates until interrupted (Ctrl-C). One
+interactive command). --nsamples 0 (the default without --prompt, as the original) generates
+until interrupted (Ctrl-C); with --prompt the default is 1. One
 difference: the original adds batch_size to its count for every sample, so with
 --batch_size 2 its banners read SAMPLE 2, 4, ... and it stops at half of --nsamples. Here
 samples are numbered 1, 2, 3, ... and there are exactly --nsamples of them.
@@ -24,11 +25,15 @@ from .common import end_at_once, load, parser, progress, sample_batch, show
 def main(argv=None, prog="tfgpt2 generate"):
     end_at_once()
     p = parser(prog, __doc__,
-               nsamples=0, nsamples_min=0, nsamples_help="how many samples; 0 (default) generates forever",
+               nsamples=0, nsamples_min=0,
+               nsamples_help="how many samples; 0 generates forever (default: 0, or 1 with --prompt)",
                length_help="tokens per sample (default: the model's n_ctx, or half of it with --prompt)")
     p.add_argument("--prompt", metavar="TEXT",
                    help="continue this text (default: samples from nothing, after <|endoftext|>)")
+    p.set_defaults(nsamples=None)
     args = p.parse_args(argv)
+    if args.nsamples is None:
+        args.nsamples = 0 if args.prompt is None else 1
     if args.prompt == "":
         p.error("argument --prompt: the prompt is empty; leave --prompt out for samples from nothing")
     model, enc, length = load(args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
