@@ -1,4 +1,4 @@
-"""tfgpt2.reference: OpenAI's original code in a child process, leaving this process TF2."""
+"""tfgpt2.testing.reference: OpenAI's original code in a child process, leaving this process TF2."""
 import sys
 
 import numpy as np
