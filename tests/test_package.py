@@ -1,10 +1,11 @@
 """The package as a user gets it: the README's set-up installs it, the README's Python example
-runs on what pip installs, and a wheel installs the `tfgpt2` command, whose every subcommand
-works from a folder outside the repository, with none of TensorFlow's start-up lines."""
-import concurrent.futures
+runs on what pip installs, and a wheel installs the `tfgpt2` command, with which every command
+the README shows runs as written from a folder outside the repository, with none of
+TensorFlow's start-up lines."""
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY
-from tests.test_download_model import Storage, assert_complete, fake_model, serving
+from tests.conftest import ROOT, TINY, require_reference
+from tests.test_download_model import Storage, serving
 from tfgpt2.cli.main import COMMANDS
+from tfgpt2.formats.download import FILENAMES
 from tfgpt2.hparams import default_hparams, published_hparams
 from tfgpt2.testing.checkpoints import make_checkpoint
 
@@ -32,6 +34,25 @@ def example():
     """The Python block under "## Using it"."""
     section = README.split("\n## Using it\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def readme_commands():
+    """The README's commands, in order, each once: the main job of the set-up line, every
+    ```bash line and every `code` span that starts with `tfgpt2 `, the rows of the command table."""
+    found = []
+    setup = re.search(r"```bash\n(.*?)```", README, re.S).group(1).splitlines()[1]
+    found += [c.strip().replace(".venv/bin/", "") for c in setup.split("&&") if "tfgpt2 " in c]
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S)[1:]:
+        found += [line.strip() for line in block.splitlines() if line.startswith("tfgpt2 ")]
+    for span in re.findall(r"`([^`\n]+)`", README):
+        span = span.replace("\\|", "|")
+        if span.startswith("tfgpt2 ") or re.match(r"echo .*\| tfgpt2 ", span):
+            found.append(span)
+    return list(dict.fromkeys(found))
+
+
+def test_the_readme_shows_each_command_of_the_tool():
+    assert {re.search(r"tfgpt2 ([a-z-]+)", c).group(1) for c in readme_commands()} == set(COMMANDS)
 
 
 def comment(code, expression):
@@ -102,14 +123,19 @@ def test_every_subpackage_is_packaged():
     assert re.search(r'^\[project\.scripts\]\ntfgpt2 = "tfgpt2_cli:main"$', text, re.M)
 
 
-@pytest.mark.slow
-def test_the_wheel_installs_a_tfgpt2_command_that_works_outside_the_repository(tmp_path):
-    """`pip wheel`, installed into a fresh venv (TensorFlow and the other dependencies seen
-    through a .pth file naming this venv's site-packages, as nothing can be downloaded), then
-    from a folder of its own: every command's --help, make-checkpoint, download from a local
-    server, generate, train, export and params, each checked for its result and for a stderr
-    free of TensorFlow's start-up lines."""
-    source, wheels, venv, work = (tmp_path / name for name in ("source", "wheels", "venv", "work"))
+@pytest.fixture
+def storage(tmp_path):
+    """A random checkpoint of the tiny shape, served as OpenAI's storage serves 124M."""
+    folder = make_checkpoint(str(tmp_path / "served"), default_hparams().override_from_dict(TINY), std=0.1, seed=3)
+    files = {name: b"a graph OpenAI's code does not need" if name == "model.ckpt.meta"
+             else (Path(folder) / name).read_bytes() for name in FILENAMES}
+    with serving(Storage({f"/models/124M/{name}": data for name, data in files.items()})) as store:
+        yield store
+
+
+def build_wheel(tmp_path):
+    """The wheel `pip wheel` builds from the package's files, checked for what it must hold."""
+    source, wheels = tmp_path / "source", tmp_path / "wheels"
     copy_source(source)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "--no-index", "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=300)
@@ -122,7 +148,12 @@ def test_the_wheel_installs_a_tfgpt2_command_that_works_outside_the_repository(t
     assert {f"{package.replace('.', '/')}/__init__.py" for package in SUBPACKAGES} <= names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
     assert re.search(r"^tfgpt2 = tfgpt2_cli:main$", entry_points, re.M), entry_points
+    return wheel
 
+
+def install(wheel, venv):
+    """A fresh venv with the wheel installed; TensorFlow and the other dependencies are seen
+    through a .pth file naming this venv's site-packages, as nothing can be downloaded."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
@@ -132,62 +163,75 @@ def test_the_wheel_installs_a_tfgpt2_command_that_works_outside_the_repository(t
                           capture_output=True, text=True, check=True).stdout.strip()
     ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     (Path(site) / "zz_dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
+    return python, site
+
+
+# The README's commands with what each must print (stdout, else stderr), by the command's start
+EXPECTED = {"tfgpt2 download ": r"^models/124M: 124M complete$",
+            "tfgpt2 make-checkpoint ": r"^wrote models/124M \(",
+            "tfgpt2 generate ": r"^=+ SAMPLE 1 =+$",
+            "tfgpt2 train ": r"^\[\d+\] loss=|^checkpoint/run1 has made its --steps 200 updates already",
+            "tfgpt2 export ": r"^wrote exports/\S+/1 in ",
+            "tfgpt2 params ": r"^total, tied +[0-9,]+$"}
+
+
+@pytest.mark.slow
+def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_repository(storage, tmp_path):
+    """`pip wheel`, installed into a fresh venv; then, in a folder of its own, every command's
+    --help (one process through the console script's module), and every `tfgpt2` command the
+    README shows, as written and in its order, with the wheel's `tfgpt2`: the download from a
+    local stand-in for OpenAI's storage (only `--base_url` added), the others on what the
+    earlier ones wrote. Each must succeed with none of TensorFlow's start-up lines on stderr."""
+    python, site = install(build_wheel(tmp_path), tmp_path / "venv")
+    work, side = tmp_path / "work", tmp_path / "offline"  # make-checkpoint's 124M does not replace the download
     work.mkdir()
+    side.mkdir()
     where = subprocess.run([str(python), "-c", "import importlib.util as u; "
                             "print(u.find_spec('tfgpt2').origin); print(u.find_spec('tfgpt2_cli').origin)"],
                            cwd=work, capture_output=True, text=True, check=True).stdout.split()
     assert all(path.startswith(site) for path in where), where  # the wheel's copy, not the checkout
-
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv))
-    script = venv / "bin" / "tfgpt2"
-    assert script.is_file()
+    env.update(PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(python.parent.parent))
+    assert (python.parent / "tfgpt2").is_file()
 
-    def tfgpt2(*args):
-        """`tfgpt2 ARGS` in the work folder: its stdout and stderr, once it has succeeded with
-        none of TensorFlow's start-up lines on stderr."""
-        result = subprocess.run([str(script), *args], cwd=work, env=env, capture_output=True, text=True,
-                                timeout=600)
-        assert result.returncode == 0, f"tfgpt2 {' '.join(args)}: {result.stderr[-3000:]}"
-        assert not TF_STARTUP.search(result.stderr), f"tfgpt2 {' '.join(args)}: {result.stderr[-3000:]}"
-        assert "Traceback" not in result.stderr
-        return result.stdout, result.stderr
+    def succeeded(result, command):
+        assert result.returncode == 0, f"{command}: {result.stderr[-3000:]}"
+        assert not TF_STARTUP.search(result.stderr), f"{command}: {result.stderr[-3000:]}"
+        assert "Traceback" not in result.stderr, f"{command}: {result.stderr[-3000:]}"
+        return result
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the --help runs beside the main sequence
-        helps = {name: pool.submit(tfgpt2, *([name, "--help"] if name else ["--help"])) for name in ["", *COMMANDS]}
+    helps = [[], *([name] for name in COMMANDS)]
+    code = ("import sys, tfgpt2_cli\n"
+            f"for args in {helps!r}:\n"
+            "    sys.argv = ['tfgpt2', *args, '--help']\n"
+            "    try:\n        tfgpt2_cli.main()\n"
+            "    except SystemExit as e:\n        assert not e.code, (args, e.code)\n"
+            "    print('<end of help>', flush=True)\n")
+    result = succeeded(subprocess.run([str(python), "-c", code], cwd=work, env=env, capture_output=True, text=True,
+                                      timeout=600), "--help")
+    pages = result.stdout.split("<end of help>\n")[:-1]
+    assert len(pages) == len(helps)
+    assert all(re.search(rf"^  {command} +\S", pages[0], re.M) for command in COMMANDS), pages[0]
+    for name, out in zip(COMMANDS, pages[1:]):
+        assert out.startswith(f"usage: tfgpt2 {name} ") and "--quiet" in out, out[:300]
+        assert re.search(rf"^ +(\S.* \| )?tfgpt2 {re.escape(name)} \S", out, re.M), out
 
-        tiny = json.dumps({k: v for k, v in TINY.items() if k != "n_vocab"})
-        out, _ = tfgpt2("make-checkpoint", "tiny", "--models_dir", "models", "--hparams", tiny)
-        assert out.startswith("wrote models/tiny (") and (work / "models" / "tiny" / "model.ckpt.index").is_file()
-
-        store = Storage({f"/models/124M/{name}": data for name, data in fake_model().items()})
-        with serving(store):
-            out, err = tfgpt2("download", "124M", "--models_dir", "downloads", "--base_url", store.url)
-        assert out == "downloads/124M: 124M complete\n" and "Fetching model.ckpt.data-00000-of-00001" in err
-        assert_complete(work / "downloads" / "124M",
-                        {path.rsplit("/", 1)[1]: data for path, data in store.files.items()})
-
-        out, _ = tfgpt2("generate", "--models_dir", "models", "--model_name", "tiny", "--prompt", "Hello world",
-                        "--nsamples", "2", "--batch_size", "2", "--length", "8", "--seed", "1")
-        assert re.findall(r"^=+ SAMPLE (\d+) =+$", out, re.M) == ["1", "2"]
-
-        (work / "corpus.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 100)
-        _, err = tfgpt2("train", "--dataset", "corpus.txt", "--models_dir", "models", "--model_name", "tiny",
-                        "--steps", "2", "--sample_every", "0", "--sample_length", "16", "--run_name", "run1",
-                        "--no_xla")
-        assert "[2] loss=" in err and (work / "checkpoint" / "run1" / "model-2.index").is_file(), err
-
-        out, err = tfgpt2("export", "--model_dir", "checkpoint/run1", "exports/run1")
-        assert out.startswith("wrote exports/run1/1 in ") and (work / "exports/run1/1/saved_model.pb").is_file()
-        assert "loading checkpoint/run1" in err
-
-        out, _ = tfgpt2("params", "models/tiny")
-        assert re.search(r"^total, tied +[0-9,]+$", out, re.M), out
-
-        for name, future in helps.items():
-            out, err = future.result()
-            if not name:
-                assert all(re.search(rf"^  {command} +\S", out, re.M) for command in COMMANDS), out
-                continue
-            assert out.startswith(f"usage: tfgpt2 {name} ") and "--quiet" in out, out[:300]
-            assert re.search(rf"^ +(\S.* \| )?tfgpt2 {re.escape(name)} \S", out, re.M), out
+    reference = str(require_reference())
+    (work / "corpus.txt").write_text("It was the best of times, it was the worst of times. " * 40)
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hello", "Once upon a"]))
+    for command in readme_commands():
+        if " download " in f" {command} ":
+            command += f" --base_url {storage.url}"
+        command = command.replace("--reference_src gpt-2/src", f"--reference_src {shlex.quote(reference)}")
+        cwd = side if command.startswith("tfgpt2 make-checkpoint ") else work
+        result = succeeded(subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True,
+                                          timeout=600), command)
+        for start, pattern in EXPECTED.items():
+            if command.startswith(start):
+                assert re.search(pattern, result.stdout + result.stderr, re.M), f"{command}: {result.stdout[-2000:]}"
+    assert json.loads((work / "models" / "124M" / "hparams.json").read_text())["n_layer"] == TINY["n_layer"]
+    assert json.loads((side / "models" / "124M" / "hparams.json").read_text())["n_layer"] == 12
+    assert (work / "checkpoint" / "run1" / "model-200.index").is_file()
+    assert (work / "exports" / "run1" / "1" / "saved_model.pb").is_file()
+    assert (work / "exports" / "gpt2-hf" / "model.safetensors").is_file()
+    assert len((work / "out.jsonl").read_text().splitlines()) == 2

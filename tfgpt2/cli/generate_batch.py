@@ -11,7 +11,7 @@ skipped). Each output line is a JSON object {"line", "prompt", "text", "tokens"}
 0-based line number, its prompt, the continuation and the continuation's token ids. Rows are
 written as their batch finishes, not in input order: sort by "line" to restore it.
 
-Batches: prompts are grouped by the generator's length bucket (`tfgpt2.sample.bucket` of
+Batches: prompts are grouped by the generator's length bucket (`tfgpt2.decoding.plan.bucket` of
 their token count) and cut, in line order, into batches of --batch_size; a bucket's short
 last batch is padded with copies of its first prompt, so XLA compiles once per bucket. Batch
 b of the plan (counted from 0, smallest bucket first) samples with seed --seed + b. The plan
