@@ -5,13 +5,25 @@ Model folders are written once per test worker by `tfgpt2.testing.checkpoints.ma
 (the code behind `tfgpt2 make-checkpoint`), with weights of std >= 0.1 so that a wrong mask,
 scale or epsilon shows in the logits. The 124M-shaped model is loaded once per worker
 (`gpt2_124m`) for the tests that only read it, and OpenAI's code on the tiny and the 124M
-folders started once per worker (`reference_tiny`, `reference_124m`).
+folders started once per worker (`reference_tiny`, `reference_124m`). XLA's compiled programs
+are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared by workers and children.
 """
+import atexit
 import collections
 import os
+import shutil
+import signal
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if "tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
+    # One XLA compilation cache on disk for the run (set before TensorFlow starts): the same
+    # programs (tiny models, the same buckets) compile once for all tests, workers and children
+    _cache = tempfile.mkdtemp(prefix="tfgpt2-tests-xla-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    _flags = os.environ.get("TF_XLA_FLAGS", "")
+    os.environ["TF_XLA_FLAGS"] = f"{_flags} --tf_xla_persistent_cache_directory={_cache}".strip()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -104,3 +116,12 @@ def reference_124m(gpt2_124m_dir):
     from tfgpt2.testing.reference import Reference
     with Reference(str(require_reference()), gpt2_124m_dir) as ref:
         yield ref
+
+
+@pytest.fixture
+def signals():
+    """The commands set SIGINT and SIGPIPE to their defaults; put back the test process's."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGPIPE)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)

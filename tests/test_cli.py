@@ -7,7 +7,6 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -49,15 +48,6 @@ def help_text(name):
         except SystemExit as e:
             code = e.code
     return code, out.getvalue()
-
-
-@pytest.fixture
-def signals():
-    """The sample commands set SIGINT and SIGPIPE to their defaults; put back the test process's."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGPIPE)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
 
 
 def test_top_level_help_lists_every_command_on_one_line(capsys):

@@ -94,7 +94,7 @@ def test_remat_lowers_xlas_own_count_of_a_train_steps_memory(tmp_path):
     of 99 when the rerun waited on the gradient only through an optimization barrier, which XLA
     drops before it schedules (so all blocks were rerun at once: 1.5 GB more for 124M at 1 x
     1023 tokens)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", TF_XLA_FLAGS="",  # compile here
                XLA_FLAGS=f"--xla_cpu_enable_concurrency_optimized_scheduler=false --xla_dump_to={tmp_path} "
                          "--xla_dump_hlo_pass_re=NONE")
     out = subprocess.run([sys.executable, "-c", XLA_BYTES, str(tmp_path)], capture_output=True, text=True, env=env,

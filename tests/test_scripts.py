@@ -150,15 +150,6 @@ NONSENSE = [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature"
             ("--batch_size", "0"), ("--length", "0"), ("--length", "ten"), ("--seed", "-1"), ("--seed", "1e3")]
 
 
-@pytest.fixture
-def signals():
-    """The commands set SIGINT and SIGPIPE to their defaults; put back the test process's."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGPIPE)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-
-
 def flags(model_dir, *args):
     return command("-", model_dir, *args)[3:]
 
