@@ -492,13 +492,14 @@ class GPT2(keras.Model):
                                     ("mlp", (block.mlp.c_fc, block.mlp.c_proj)))
                 for conv in convs]
 
-    def enable_lora(self, rank, target_layer_names=None, *, lora_alpha=None):
+    def enable_lora(self, rank, target_layer_names=None, *, lora_alpha=None, seed=None):
         """KerasHub's `Backbone.enable_lora`: every weight frozen, and a LoRA adapter of `rank`
         (`Conv1D.enable_lora`, scaled by lora_alpha / rank) added to each Conv1D that a name in
         `target_layer_names` ends with, in every block: "c_attn" (the fused query, key and value
         projection, the default, as PEFT's for GPT-2), "c_proj" (attention's and the MLP's),
         "c_fc", "attn/c_proj", "mlp/c_proj", or one block's, "h0/mlp/c_fc". Checked whole
-        before anything changes; enabled once per model."""
+        before anything changes; enabled once per model. `seed` draws the adapters' `a` (the
+        i-th adapted layer's from seed + i), unseeded by default as Keras'."""
         targets = tuple(LORA_TARGETS if target_layer_names is None else
                         [target_layer_names] if isinstance(target_layer_names, str) else target_layer_names)
         if self.lora_targets:
@@ -513,9 +514,9 @@ class GPT2(keras.Model):
                              "c_attn, c_proj, c_fc, attn/c_proj, mlp/c_proj (or a block's, h0/attn/c_attn)")
         for variable in self.weights:
             variable.trainable = False
-        for name, conv in layers:
-            if any(("/" + name).endswith("/" + t.strip("/")) for t in targets):
-                conv.enable_lora(rank, lora_alpha)
+        adapted = [conv for name, conv in layers if any(("/" + name).endswith("/" + t.strip("/")) for t in targets)]
+        for i, conv in enumerate(adapted):
+            conv.enable_lora(rank, lora_alpha, keras.initializers.HeUniform(None if seed is None else seed + i))
         self.lora_targets = targets
 
     def __call__(self, X, past=None, **kwargs):

@@ -68,7 +68,7 @@ def build_trainer(args, strategy, source, prefix, adapters=None):
     with strategy.scope():
         model = load_model(source, checkpoint=prefix, dtype=args.precision, remat=args.remat, lora=adapters)
         if args.lora_rank and not adapters:
-            model.enable_lora(args.lora_rank, args.lora_targets, lora_alpha=args.lora_alpha)
+            model.enable_lora(args.lora_rank, args.lora_targets, lora_alpha=args.lora_alpha, seed=args.seed)
     variables = trained_variables(model, args.only_train_transformer_layers)
     with strategy.scope():
         optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
