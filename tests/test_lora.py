@@ -208,3 +208,61 @@ def test_a_tiny_model_memorizes_a_short_text_with_lora(tiny_dir, tmp_path):
     history = run(model_dir, tmp_path, "--dataset", str(text), "--steps", "80", "--batch_size", "4",
                   "--learning_rate", "1e-2", "--no_xla", "--lora_rank", "8", "--lora_targets", "c_attn", "c_proj", "c_fc")
     assert np.mean([loss for _, loss in history[-5:]]) < 0.5, history[-5:]
+
+
+@pytest.mark.slow
+def test_lora_with_remat_and_mixed_precision(micro_dir, tmp_path):
+    """--remat gives the plain step's updates; --precision mixed_float16 (loss scaling, float32
+    adapters) trains them too, and its run folder is float32 in OpenAI's layout. (Without XLA,
+    which compiles slower; test_lora_run_folder_is_merged_in_openais_layout runs XLA's step.)"""
+    common = ("--dataset", ids_npz(tmp_path / "d.npz", random_ids(200, seed=4)), "--batch_size", "2", "--no_xla",
+              "--steps", "3", "--learning_rate", "1e-2", "--lora_rank", "2", "--lora_targets", "c_attn", "c_fc")
+    plain = run(micro_dir, tmp_path, *common, run_name="plain")
+    remat = run(micro_dir, tmp_path, *common, "--remat", run_name="remat")
+    np.testing.assert_allclose([loss for _, loss in remat], [loss for _, loss in plain], rtol=1e-5)
+    a, b = tensors(tmp_path / "checkpoint" / "plain" / "lora-3"), tensors(tmp_path / "checkpoint" / "remat" / "lora-3")
+    for name in a:
+        if name != lora.CONFIG:
+            np.testing.assert_allclose(b[name], a[name], atol=1e-5, err_msg=name)
+
+    mixed = run(micro_dir, tmp_path, *common, "--precision", "mixed_float16", "--remat", run_name="mixed")
+    np.testing.assert_allclose([loss for _, loss in mixed], [loss for _, loss in plain], rtol=1e-2)
+    merged, adapters = (tensors(tmp_path / "checkpoint" / "mixed" / name) for name in ("model-3", "lora-3"))
+    assert {v.dtype for v in merged.values()} == {np.dtype("float32")}
+    assert {v.dtype for name, v in adapters.items() if name != lora.CONFIG} == {np.dtype("float32")}
+    step = np.abs(adapters["model/h0/mlp/c_fc/lora_kernel_b"]).max()
+    assert step > 1e-3  # loss scaling skipped no more than it should
+
+
+MIRRORED = """
+import sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tfgpt2.train import flags, loop
+for run, strategy in [("1", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])), ("2", None)]:
+    print(loop.train(flags.parse_args(sys.argv[1:] + ["--batch_size", "2", "--run_name", run]), strategy))
+"""
+
+
+@pytest.mark.slow
+def test_lora_on_two_replicas_equals_one_device(micro_dir, tmp_path):
+    """A MirroredStrategy over two logical CPUs (a fresh process), gradients accumulated."""
+    import ast
+    import subprocess
+    import sys
+    from conftest import ROOT
+    argv = ["--models_dir", os.path.dirname(micro_dir), "--model_name", "micro", "--checkpoint_dir", str(tmp_path),
+            "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2", "--sample_every", "0",
+            "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), "--accumulate_gradients", "2",
+            "--learning_rate", "1e-2", "--lora_rank", "2", "--no_xla"]
+    out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
+    np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
+    a, b = tensors(tmp_path / "1" / "lora-2"), tensors(tmp_path / "2" / "lora-2")
+    for name in a:
+        if name != lora.CONFIG:
+            assert np.abs(b[name]).max() > 0
+            np.testing.assert_allclose(a[name], b[name], atol=1e-5, err_msg=name)
