@@ -1,7 +1,10 @@
 """LoRA (`GPT2.enable_lora`, `tfgpt2 train --lora_rank`): Keras' convention for the adapters,
 only they train, and the run folder holds the merged weights in OpenAI's layout (restored by
 OpenAI's code) beside the adapters, from which a run continues exactly."""
+import ast
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,39 +16,11 @@ from tfgpt2.formats import lora
 from tfgpt2.formats.checkpoint import save_checkpoint
 from tfgpt2.hparams import default_hparams, load_hparams
 from tfgpt2.model import GPT2
-from tfgpt2.testing.checkpoints import make_checkpoint
 from tfgpt2.testing.reference import Reference
-from tfgpt2.train import flags, loop
-from tfgpt2.train.step import Trainer
+from tfgpt2.train import flags
 
-from conftest import TINY, require_reference
-
-SAMPLE_LENGTH = 16
-
-
-@pytest.fixture(scope="module")
-def micro_dir(tmp_path_factory):
-    """One block of width 32 (quick to compile), std 0.3."""
-    hparams = default_hparams().override_from_dict(dict(n_vocab=50257, n_ctx=32, n_embd=32, n_head=2, n_layer=1))
-    return make_checkpoint(str(tmp_path_factory.mktemp("models") / "micro"), hparams, std=0.3, seed=2)
-
-
-def ids_npz(path, *chunks):
-    np.savez_compressed(path, *[np.asarray(c, np.int32) for c in chunks])
-    return str(path)
-
-
-def random_ids(n, seed=0):
-    return np.random.default_rng(seed).integers(0, 50257, n)
-
-
-def run(model_dir, tmp_path, *more, run_name="run1"):
-    """train.train with the flags `more`, the base model `model_dir`, no samples or periodic saves."""
-    argv = ["--models_dir", os.path.dirname(model_dir), "--model_name", os.path.basename(model_dir),
-            "--checkpoint_dir", str(tmp_path / "checkpoint"), "--run_name", run_name,
-            "--sample_every", "0", "--save_every", "0", "--print_every", "0",
-            "--sample_length", str(SAMPLE_LENGTH), *more]
-    return loop.train(flags.parse_args(argv))
+from conftest import ROOT, TINY, require_reference
+from test_train import MIRRORED, SAMPLE_LENGTH, ids_npz, micro_dir, random_ids, run, run_interrupted  # noqa: F401
 
 
 def tensors(prefix):
@@ -149,23 +124,6 @@ def test_lora_run_folder_is_merged_in_openais_layout(tiny_dir, tmp_path):
         tfgpt2.load_model(tiny_dir, lora=str(run_dir / "model-3"))
 
 
-def run_interrupted(monkeypatch, update, *args, **kwargs):
-    """`run(*args, **kwargs)` with Ctrl-C during its `update`-th update."""
-    step = Trainer.step
-    calls = []
-
-    def interrupted(self, batch):
-        calls.append(1)
-        if len(calls) == update:
-            raise KeyboardInterrupt
-        return step(self, batch)
-    monkeypatch.setattr(Trainer, "step", interrupted)
-    try:
-        return run(*args, **kwargs)
-    finally:
-        monkeypatch.undo()
-
-
 @pytest.mark.slow
 def test_a_lora_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_path, monkeypatch):
     common = ("--dataset", ids_npz(tmp_path / "d.npz", random_ids(300, seed=9)), "--batch_size", "2",
@@ -234,24 +192,9 @@ def test_lora_with_remat_and_mixed_precision(micro_dir, tmp_path):
     assert step > 1e-3  # loss scaling skipped no more than it should
 
 
-MIRRORED = """
-import sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tfgpt2.train import flags, loop
-for run, strategy in [("1", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])), ("2", None)]:
-    print(loop.train(flags.parse_args(sys.argv[1:] + ["--batch_size", "2", "--run_name", run]), strategy))
-"""
-
-
 @pytest.mark.slow
 def test_lora_on_two_replicas_equals_one_device(micro_dir, tmp_path):
     """A MirroredStrategy over two logical CPUs (a fresh process), gradients accumulated."""
-    import ast
-    import subprocess
-    import sys
-    from conftest import ROOT
     argv = ["--models_dir", os.path.dirname(micro_dir), "--model_name", "micro", "--checkpoint_dir", str(tmp_path),
             "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2", "--sample_every", "0",
             "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), "--accumulate_gradients", "2",
