@@ -110,13 +110,18 @@ def test_lora_run_folder_is_merged_in_openais_layout(tiny_dir, tmp_path):
     tokens = random_ids(2 * 20, seed=6).reshape(2, 20)
     with Reference(require_reference(), str(run_dir)) as ref:
         theirs = ref.model(tokens)["logits"]
-    ours = tfgpt2.load_model(str(run_dir))(tokens)["logits"].numpy()
+    merged_model = tfgpt2.load_model(str(run_dir))
+    ours = merged_model(tokens)["logits"].numpy()
     adapted = tfgpt2.load_model(tiny_dir, lora=str(run_dir))
     assert adapted.lora_targets == ("c_attn", "mlp/c_fc") and len(adapted.trainable_variables) == 8
     unmerged = adapted(tokens)["logits"].numpy()
     assert np.abs(ours - theirs).max() <= 5e-4
     assert np.abs(unmerged - ours).max() <= 5e-4
     assert np.abs(tfgpt2.load_model(tiny_dir)(tokens)["logits"].numpy() - ours).max() > 1e-2  # it trained
+    # generation's own products (on a CPU from 16 new tokens: a transposed copy of each weight)
+    prompts = [[1, 2, 3], [4, 5]]
+    for row, want in zip(tfgpt2.generate(adapted, prompts, 16, top_k=1), tfgpt2.generate(merged_model, prompts, 16, top_k=1)):
+        np.testing.assert_array_equal(row, want)
 
     with pytest.raises(FileNotFoundError, match="lora-7.index: no such file"):
         tfgpt2.load_model(tiny_dir, lora=str(run_dir / "lora-7"))

@@ -156,9 +156,15 @@ class Conv1D(keras.layers.Layer):
         *start, nx = shape_list(x)
         x = tf.reshape(x, [-1, nx])
         y = tf.matmul(x, tf.reshape(self.w, [-1, self.nf])) + self.b
-        if self.lora_enabled:  # x A, then B: never a weight-sized product
-            y += tf.matmul(tf.matmul(x, self.lora_kernel_a), self.lora_kernel_b) * (self.lora_alpha / self.lora_rank)
+        if self.lora_enabled:
+            y += self.lora_output(x)
         return tf.reshape(y, start + [self.nf])
+
+    def lora_output(self, x):
+        """The adapter's share of the output for x [rows, nx]: (lora_alpha / rank) x A B, x A
+        first (never a weight-sized product)."""
+        a, b = (tf.cast(v, x.dtype) for v in (self.lora_kernel_a, self.lora_kernel_b))
+        return tf.matmul(tf.matmul(x, a), b) * (self.lora_alpha / self.lora_rank)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.nf)
@@ -518,6 +524,7 @@ class GPT2(keras.Model):
         for i, conv in enumerate(adapted):
             conv.enable_lora(rank, lora_alpha, keras.initializers.HeUniform(None if seed is None else seed + i))
         self.lora_targets = targets
+        self.generators.clear()  # compiled without the adapters
 
     def __call__(self, X, past=None, **kwargs):
         """As Keras's, taking token ids and `past` as lists or arrays too."""
