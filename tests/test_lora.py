@@ -170,7 +170,8 @@ def test_a_tiny_model_memorizes_a_short_text_with_lora(tiny_dir, tmp_path):
     text.write_text("Tyger Tyger, burning bright, In the forests of the night; "
                     "What immortal hand or eye, Could frame thy fearful symmetry?")
     history = run(model_dir, tmp_path, "--dataset", str(text), "--steps", "80", "--batch_size", "4",
-                  "--learning_rate", "1e-2", "--no_xla", "--lora_rank", "8", "--lora_targets", "c_attn", "c_proj", "c_fc")
+                  "--learning_rate", "1e-2", "--no_xla", "--lora_rank", "8",
+                  "--lora_targets", "c_attn", "c_proj", "c_fc")
     assert np.mean([loss for _, loss in history[-5:]]) < 0.5, history[-5:]
 
 

@@ -126,7 +126,8 @@ def lora_start(run_dir, step, args):
         raise ValueError(f"{run_dir}: model-{step} was trained with LoRA ({prefix}); continue it with its --lora_rank"
                          if args.lora_rank is None else
                          f"{run_dir}: model-{step} was trained without LoRA (no {prefix}.index); continue it "
-                         f"without --lora_rank, or start LoRA from it with --restore_from {run_dir} and another --run_name")
+                         f"without --lora_rank, or start LoRA from it with --restore_from {run_dir} and another "
+                         "--run_name")
     if args.lora_rank is None:
         return None
     config = read_config(prefix)
