@@ -302,7 +302,8 @@ def main(argv=None):
     settings["flops_per_token"] = flops
     settings["lora_flops_per_token"] = lora_flops
     headlines = [{"what": f"fine-tuning step, batch {args.batch} x {args.length}, {r['implementation']} "
-                          f"({r['setup']})", "figure": f"{r['tokens_per_s']['median']:.0f} tokens/s"}
+                          f"({r['setup']})", "figure": f"{r['tokens_per_s']['median']:.0f} tokens/s, "
+                                                       f"peak RSS {r['peak_rss_mb']['median']:.0f} MB"}
                  for r in rows if "error" not in r and r["implementation"].startswith("tfgpt2")]
     columns = COLUMNS + [ERROR] * any("error" in r for r in rows)
     tables = [report.table(columns, rows)]
