@@ -3,8 +3,8 @@ import argparse
 import os
 
 from ..cli.args import Parser, ranged
-from . import distribute
 from ..model import LORA_TARGETS
+from . import distribute
 from .optimizers import OPTIMIZERS
 
 
