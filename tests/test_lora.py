@@ -58,7 +58,7 @@ def test_enable_lora_is_keras_dense_enable_lora():
     assert np.abs(5 / 3 * h @ a @ b).max() > 0.1  # the adapter's share is not lost in the tolerance
 
 
-def test_lora_targets_by_layer_name_and_bad_input_is_a_clear_error():
+def test_lora_targets_by_layer_name_and_bad_input_is_a_clear_error(tiny_dir, tmp_path):
     model = tiny_model()
     with pytest.raises(ValueError, match="rank must be an integer >= 1, got 0"):
         model.enable_lora(0)
@@ -80,6 +80,10 @@ def test_lora_targets_by_layer_name_and_bad_input_is_a_clear_error():
         flags.parse_args(["--dataset", "x", "--lora_rank", "0"])
     with pytest.raises(ValueError, match="need --lora_rank"):
         flags.parse_args(["--dataset", "x", "--lora_targets", "c_fc"], exit_on_error=False)
+    with pytest.raises(ValueError, match=r"LoRA targets \['mlp/c_attn'\] name no Conv1D layer"):
+        run(tiny_dir, tmp_path, "--dataset", ids_npz(tmp_path / "d.npz", random_ids(40)), "--lora_rank", "2",
+            "--lora_targets", "c_fc", "mlp/c_attn")
+    assert not (tmp_path / "checkpoint").exists()  # nothing written
 
 
 @pytest.mark.slow  # XLA steps, OpenAI's code in a child process
