@@ -16,7 +16,10 @@ resident memory (VmHWM); model GFLOP/s is tokens/s times the products' work per 
 (`flops_per_token`, without what `--remat` recomputes), to set against the machine's product
 rate (`benchmarks/benchmark_matmul.py`). With `--repeats N` the candidates take turns N times:
 tokens/s over the steps of all N processes, the other figures over the N processes.
-transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and transformers;
+Candidate tfgpt2-lora is tfgpt2 training LoRA adapters of `--lora_rank` alone (`tfgpt2 train
+--lora_rank`, the default targets), with the same options; the report adds, computed from the
+shape, what a step holds on a GPU (weights, gradients, optimizer state, activations) for full
+fine-tuning and for LoRA. transformers runs under `$TFGPT2_HF_PYTHON` where set (a Python with torch and transformers;
 they need not share tfgpt2's environment). The report (benchmarks/report.py) goes to
 `--report DIR` as `--name`.json and .md (default train).
 """
@@ -36,7 +39,7 @@ except ImportError:  # run as `python benchmarks/benchmark_train.py`: this folde
     import report
 
 WORKERS = ["tfgpt2", "keras-hub", "transformers"]
-CANDIDATES = WORKERS + ["tfgpt2-float32"]  # tfgpt2's worker at float32 with XLA
+CANDIDATES = WORKERS + ["tfgpt2-float32", "tfgpt2-lora"]  # tfgpt2's worker at float32 with XLA; with LoRA
 
 
 def peak_rss_mb():
@@ -50,14 +53,42 @@ def batches(args, n_vocab, rows=None):
             for _ in range(args.warmup + args.steps)]
 
 
-def flops_per_token(hparams, length):
+def flops_per_token(hparams, length, lora=False):
     """Multiply-adds x 2 of a training step per predicted token: forward, input gradient and
-    weight gradient (3 x 2 per weight) of the blocks' and the output layer's products, and
+    weight gradient (3 x 2 per weight; with `lora`, frozen weights, no weight gradient: 2 x 2,
+    the adapters' own work left out) of the blocks' and the output layer's products, and
     attention's two products over `length` positions (all of them, as the implementations
     compute them, masked or not)."""
     n_embd, n_layer = hparams["n_embd"], hparams["n_layer"]
     weights = n_layer * 12 * n_embd * n_embd + hparams["n_vocab"] * n_embd
-    return 6 * weights + 3 * n_layer * 2 * 2 * length * n_embd
+    return (4 if lora else 6) * weights + 3 * n_layer * 2 * 2 * length * n_embd
+
+
+def lora_parameters(hparams, rank):
+    """Adapters of `rank` on each block's c_attn (tfgpt2's default targets): a [n_embd, rank],
+    b [rank, 3 n_embd]."""
+    return hparams["n_layer"] * rank * 4 * hparams["n_embd"]
+
+
+def gpu_accounting(hparams, length, rank):
+    """What a training step of one row of `length` tokens holds, float32, Adam, --remat, by
+    kind (bytes), for full fine-tuning and for LoRA of `rank`; computed from the shape, not
+    measured. Activations: each block's input (kept by --remat), one block recomputed in the
+    backward pass (its inputs to the products, q/k/v, the MLP's 4 n_embd twice, the attention
+    scores, probabilities and their gradient) and the logits with their gradient."""
+    n_embd, n_layer, n_head = hparams["n_embd"], hparams["n_layer"], hparams["n_head"]
+    weights = n_layer * (12 * n_embd * n_embd + 13 * n_embd) + (hparams["n_vocab"] + hparams["n_ctx"] + 2) * n_embd
+    block = length * n_embd * (2 + 3 + 1 + 2 * 4) + 3 * n_head * length * length
+    activations = n_layer * length * n_embd + block + 2 * length * hparams["n_vocab"]
+    adapters = lora_parameters(hparams, rank)
+    rows = []
+    for name, trained in [("full fine-tuning", weights), (f"LoRA rank {rank}", adapters)]:
+        parts = {"weights": weights + (adapters if trained == adapters else 0), "gradients": trained,
+                 "optimizer_state": 2 * trained, "activations": activations}
+        parts = {key: 4 * n for key, n in parts.items()}
+        rows.append({"training": name, **{key: n / 2**30 for key, n in parts.items()},
+                     "total": sum(parts.values()) / 2**30})
+    return rows
 
 
 def time_steps(step, data):
@@ -80,6 +111,8 @@ def run_tfgpt2(args):
     if args.remat:
         prefer_memory_schedule()  # as tfgpt2 train --remat does
     model = load_model(args.model_dir, dtype=args.precision, remat=args.remat)
+    if args.lora:
+        model.enable_lora(args.lora_rank, seed=0)  # only the adapters train
     optimizer = make_optimizer(args.optimizer, 2e-5)
     if args.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -133,7 +166,8 @@ def worker(args):
     print(json.dumps({"tokens_per_s": tokens / float(np.median(timed)), "tokens_per_step": tokens,
                       "step_s": timed, "first_step_s": seconds[0], "peak_rss_mb": peak_rss_mb(),
                       "precision": args.precision if ours else "float32",
-                      "xla": (not args.no_xla) if ours else args.worker == "keras-hub"}))
+                      "xla": (not args.no_xla) if ours else args.worker == "keras-hub",
+                      "lora_rank": args.lora_rank if args.lora else None}))
 
 
 def hf_python():
@@ -157,12 +191,17 @@ def installed(candidate):
 
 def run_worker(candidate, args):
     """The worker's figures, or the last line of its error. tfgpt2-float32 is tfgpt2 with
-    `tfgpt2.train`'s default precision and compilation (float32, XLA), the other options as given."""
+    `tfgpt2.train`'s default precision and compilation (float32, XLA), tfgpt2-lora is tfgpt2 with
+    LoRA of --lora_rank, the other options as given."""
     if candidate == "tfgpt2-float32":
         candidate, args = "tfgpt2", argparse.Namespace(**dict(vars(args), precision="float32", no_xla=False))
+    lora = candidate == "tfgpt2-lora"
+    candidate = "tfgpt2" if lora else candidate
     argv = [python_for(candidate), __file__, "--worker", candidate] + [
-        x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer", "accumulate")
-        for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat + ["--no_xla"] * args.no_xla
+        x for k in ("model_dir", "batch", "length", "steps", "warmup", "precision", "optimizer", "accumulate",
+                    "lora_rank")
+        for x in (f"--{k}", str(getattr(args, k)))] + ["--remat"] * args.remat + ["--no_xla"] * args.no_xla + [
+        "--lora"] * lora
     out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     if out.returncode:
         return f"failed: {out.stderr.strip().splitlines()[-1:]}"
@@ -177,16 +216,23 @@ COLUMNS = [report.column("implementation", "implementation"), report.column("set
            report.column("tokens_per_s", "tokens/s", ".0f"), report.column("gflops", "model GFLOP/s", ".1f"),
            report.column("first_step_s", "first step s", ".1f"), report.column("peak_rss_mb", "peak RSS MB", ".0f")]
 ERROR = report.column("error", "error")
+ACCOUNTING = [report.column("training", "training")] + [
+    report.column(key, header, ".2f") for key, header in [("weights", "weights"), ("gradients", "gradients"),
+                                                         ("optimizer_state", "Adam state"),
+                                                         ("activations", "activations (remat)"), ("total", "total")]]
 
 
 def row_of(candidate, runs, flops):
-    """A candidate's row from its processes' figures (or the error of the first that failed)."""
+    """A candidate's row from its processes' figures (or the error of the first that failed);
+    `flops`: (per token, per token with LoRA)."""
     failed = [r for r in runs if isinstance(r, str)]
     if failed:
         return {"implementation": candidate, "error": failed[0]}
     rates = [r["tokens_per_step"] / s for r in runs for s in r["step_s"]]
     first = runs[0]
-    return {"implementation": candidate, "setup": first["precision"] + (", XLA" if first["xla"] else ""),
+    flops = flops[first.get("lora_rank") is not None]
+    return {"implementation": candidate, "setup": first["precision"] + (", XLA" if first["xla"] else "")
+            + (f", LoRA rank {first['lora_rank']}" if first.get("lora_rank") else ""),
             "tokens_per_s": report.spread(rates), "gflops": report.spread([t * flops / 1e9 for t in rates]),
             "first_step_s": report.spread([r["first_step_s"] for r in runs]),
             "peak_rss_mb": report.spread([r["peak_rss_mb"] for r in runs]),
@@ -212,15 +258,18 @@ def main(argv=None):
     p.add_argument("--accumulate", type=int, default=1,
                    help="tfgpt2 averages the gradients of this many micro-batches of --batch rows per step "
                         "(as tfgpt2 train --accumulate_gradients); tokens/s counts them all")
+    p.add_argument("--lora_rank", type=int, default=8, help="tfgpt2-lora's rank (as tfgpt2 train --lora_rank)")
     report.add_arguments(p, "train")
     p.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
+    p.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.accumulate > 1 and not args.worker and set(args.candidates) - {"tfgpt2", "tfgpt2-float32"}:
         p.error("--accumulate is tfgpt2's alone: add --candidates tfgpt2")
     if args.worker:
         return worker(args)
     with open(os.path.join(args.model_dir, "hparams.json")) as f:
-        flops = flops_per_token(json.load(f), args.length)
+        hparams = json.load(f)
+    flops, lora_flops = flops_per_token(hparams, args.length), flops_per_token(hparams, args.length, lora=True)
     candidates, missing = [], []
     for candidate in args.candidates:
         (candidates if installed(candidate) else missing).append(candidate)
@@ -229,7 +278,7 @@ def main(argv=None):
         for candidate in candidates:
             print(f"measuring {candidate} ...", file=sys.stderr, flush=True)
             results[candidate].append(run_worker(candidate, args))
-    rows = [row_of(candidate, runs, flops) for candidate, runs in results.items()]
+    rows = [row_of(candidate, runs, (flops, lora_flops)) for candidate, runs in results.items()]
     options = "".join([" remat" * args.remat, " without XLA" * args.no_xla,
                        f" accumulating {args.accumulate} micro-batches" * (args.accumulate > 1)])
     others = [c for c in candidates if not c.startswith("tfgpt2")]
@@ -237,19 +286,31 @@ def main(argv=None):
              f"{args.optimizer}, {args.precision}{options}" + ("; the others: Adam, float32. " if others else ". ")
              + f"Tokens/s of each of {plural(args.steps, 'step')} after {plural(args.warmup, 'warm-up step')}, "
              f"in {plural(args.repeats, 'process', 'processes')} per implementation (median and range); model "
-             f"GFLOP/s: tokens/s x {flops / 1e6:.0f} MFLOP per token (the products' work); first step: "
+             f"GFLOP/s: tokens/s x {flops / 1e6:.0f} MFLOP per token (the products' work; with LoRA "
+             f"{lora_flops / 1e6:.0f}, no weight gradients); first step: "
              f"compilation included; peak RSS: the process's peak resident set."]
+    if "tfgpt2-lora" in candidates:
+        notes.append(f"tfgpt2-lora: adapters of rank {args.lora_rank} on each block's c_attn "
+                     f"({lora_parameters(hparams, args.lora_rank):,} parameters), every other weight frozen. "
+                     "On a GPU (computed, not measured): a step of one row of --length tokens, float32, Adam, "
+                     "--remat, holds the GiB of the second table.")
     if missing:
         notes.append(f"Not installed here: {', '.join(missing)}.")
     settings = {k: getattr(args, k) for k in ("model_dir", "batch", "length", "steps", "warmup", "repeats",
                                               "candidates", "precision", "remat", "optimizer", "no_xla",
-                                              "accumulate")}
+                                              "accumulate", "lora_rank")}
     settings["flops_per_token"] = flops
+    settings["lora_flops_per_token"] = lora_flops
     headlines = [{"what": f"fine-tuning step, batch {args.batch} x {args.length}, {r['implementation']} "
-                          f"({r['setup']})", "figure": f"{r['tokens_per_s']['median']:.0f} tokens/s"}
+                          f"({r['setup']})", "figure": f"{r['tokens_per_s']['median']:.0f} tokens/s, "
+                                                       f"peak RSS {r['peak_rss_mb']['median']:.0f} MB"}
                  for r in rows if "error" not in r and r["implementation"].startswith("tfgpt2")]
     columns = COLUMNS + [ERROR] * any("error" in r for r in rows)
-    report.publish(args, "Fine-tuning speed", [report.table(columns, rows)], tool=__file__, argv=argv,
+    tables = [report.table(columns, rows)]
+    if "tfgpt2-lora" in candidates:
+        tables.append(report.table(ACCOUNTING, gpu_accounting(hparams, args.length, args.lora_rank),
+                                   title=f"On a GPU, computed: GiB held by a step of 1 x {args.length} tokens"))
+    report.publish(args, "Fine-tuning speed", tables, tool=__file__, argv=argv,
                    settings=settings, notes=notes, headlines=headlines)
     return 1 if any("error" in r for r in rows) else 0
 

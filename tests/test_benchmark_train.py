@@ -57,3 +57,26 @@ def test_float32_baseline_runs_beside_the_options_given(tiny_dir, tmp_path):
     import importlib.util
     if importlib.util.find_spec("keras_hub") is None:
         assert "Not installed here: keras-hub." in data["notes"]
+
+
+def test_lora_figures_count_the_models_own_variables():
+    """The LoRA work per token drops the weight gradients (4 per weight, not 6); the GPU
+    accounting's weights and adapters are those of the model's variables (the 1558M shape, and
+    a tiny model with LoRA enabled at the default targets)."""
+    import math
+    import numpy as np
+    from benchmarks.benchmark_train import gpu_accounting, lora_parameters
+    from tfgpt2.hparams import default_hparams, published_hparams, variable_shapes
+    from tfgpt2.model import GPT2
+    hparams = published_hparams("1558M")
+    hp = hparams.values()
+    weights = sum(math.prod(s) for s in variable_shapes(hparams).values())
+    attention = 3 * hp["n_layer"] * 2 * 2 * 1024 * hp["n_embd"]
+    assert flops_per_token(hp, 1024, lora=True) - attention == 4 / 6 * (flops_per_token(hp, 1024) - attention)
+    full, lora = gpu_accounting(hp, 1024, 8)
+    assert full["weights"] * 2**30 == 4 * weights and full["optimizer_state"] == 2 * full["gradients"]
+    assert lora["gradients"] * 2**30 == 4 * lora_parameters(hp, 8) == 4 * 48 * 8 * (1600 + 3 * 1600)
+    assert lora["total"] < full["total"] / 3 and lora["activations"] == full["activations"]
+    model = GPT2(default_hparams().override_from_dict({**TINY, "n_vocab": 500}))
+    model.enable_lora(8)
+    assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == lora_parameters(TINY, 8)

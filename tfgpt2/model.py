@@ -127,16 +127,44 @@ class Conv1D(keras.layers.Layer):
     def __init__(self, nx, nf, *, w_init_stdev=0.02, initialize=True, **kwargs):
         super().__init__(**kwargs)
         self.nx, self.nf, self.w_init_stdev, self.initialize = nx, nf, w_init_stdev, initialize
+        self.lora_enabled = False
 
     def build(self, input_shape=None):
         self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf],
                                  initializer=normal(self.w_init_stdev, self.initialize))
         self.b = self.add_weight(name="b", shape=[self.nf], initializer="zeros")
 
+    def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform", b_initializer="zeros"):
+        """Keras' `Dense.enable_lora`: `w` frozen, and (lora_alpha / rank) * x A B added to the
+        output, A `lora_kernel_a` [nx, rank], B `lora_kernel_b` [rank, nf] (zeros: the layer
+        starts as it was). lora_alpha defaults to rank, as Keras'."""
+        if not self.built:
+            raise ValueError(f"{self.name}: cannot enable LoRA on a layer that isn't built yet")
+        if self.lora_enabled:
+            raise ValueError(f"{self.name}: LoRA is already enabled; it can be enabled once per layer")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+            raise ValueError(f"{self.name}: the LoRA rank must be an integer >= 1, got {rank!r}")
+        self._tracker.unlock()
+        self.lora_kernel_a = self.add_weight(name="lora_kernel_a", shape=[self.nx, rank], initializer=a_initializer)
+        self.lora_kernel_b = self.add_weight(name="lora_kernel_b", shape=[rank, self.nf], initializer=b_initializer)
+        self._tracker.lock()
+        self.w.trainable = False
+        self.lora_enabled, self.lora_rank = True, int(rank)
+        self.lora_alpha = float(rank if lora_alpha is None else lora_alpha)
+
     def call(self, x):
         *start, nx = shape_list(x)
-        y = tf.matmul(tf.reshape(x, [-1, nx]), tf.reshape(self.w, [-1, self.nf])) + self.b
+        x = tf.reshape(x, [-1, nx])
+        y = tf.matmul(x, tf.reshape(self.w, [-1, self.nf])) + self.b
+        if self.lora_enabled:
+            y += self.lora_output(x)
         return tf.reshape(y, start + [self.nf])
+
+    def lora_output(self, x):
+        """The adapter's share of the output for x [rows, nx]: (lora_alpha / rank) x A B, x A
+        first (never a weight-sized product)."""
+        a, b = (tf.cast(v, x.dtype) for v in (self.lora_kernel_a, self.lora_kernel_b))
+        return tf.matmul(tf.matmul(x, a), b) * (self.lora_alpha / self.lora_rank)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.nf)
@@ -408,6 +436,10 @@ def check_inputs(X, positions, hparams):
         return tf.identity(X), tf.identity(positions), ok
 
 
+LORA_TARGETS = ("c_attn",)
+"""`GPT2.enable_lora`'s default: each block's fused query, key and value projection (docs/finetuning.md, LoRA)."""
+
+
 @serializable
 class GPT2(keras.Model):
     """model: token and position embeddings, n_layer blocks, a final norm, and logits from the
@@ -439,6 +471,7 @@ class GPT2(keras.Model):
         # compiled generation loops for this model (`tfgpt2.decoding.loop.generator_for`),
         # freed with it, as Keras keeps `predict_function` on the model
         self.generators = {}
+        self.lora_targets = ()  # the `enable_lora` target names, once enabled
         self.build()
 
     def build(self, input_shape=None):
@@ -456,6 +489,42 @@ class GPT2(keras.Model):
 
     def get_config(self):
         return {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings}
+
+    def conv1d_layers(self):
+        """[(name, Conv1D)] of every block, named as `enable_lora` takes them: "h0/attn/c_attn",
+        "h0/attn/c_proj", "h0/mlp/c_fc", "h0/mlp/c_proj", ..."""
+        return [(f"{block.name}/{part}/{conv.name}", conv) for block in self.h
+                for part, convs in (("attn", (block.attn.c_attn, block.attn.c_proj)),
+                                    ("mlp", (block.mlp.c_fc, block.mlp.c_proj)))
+                for conv in convs]
+
+    def enable_lora(self, rank, target_layer_names=None, *, lora_alpha=None, seed=None):
+        """KerasHub's `Backbone.enable_lora`: every weight frozen, and a LoRA adapter of `rank`
+        (`Conv1D.enable_lora`, scaled by lora_alpha / rank) added to each Conv1D that a name in
+        `target_layer_names` ends with, in every block: "c_attn" (the fused query, key and value
+        projection, the default, as PEFT's for GPT-2), "c_proj" (attention's and the MLP's),
+        "c_fc", "attn/c_proj", "mlp/c_proj", or one block's, "h0/mlp/c_fc". Checked whole
+        before anything changes; enabled once per model. `seed` draws the adapters' `a` (the
+        i-th adapted layer's from seed + i), unseeded by default as Keras'."""
+        targets = tuple(LORA_TARGETS if target_layer_names is None else
+                        [target_layer_names] if isinstance(target_layer_names, str) else target_layer_names)
+        if self.lora_targets:
+            raise ValueError(f"LoRA is already enabled on this model (targets {list(self.lora_targets)}); "
+                             "it can be enabled once")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+            raise ValueError(f"the LoRA rank must be an integer >= 1, got {rank!r}")
+        layers = self.conv1d_layers()
+        unknown = [t for t in targets if not any(("/" + name).endswith("/" + t.strip("/")) for name, _ in layers)]
+        if unknown or not targets:
+            raise ValueError(f"LoRA targets {unknown or list(targets)} name no Conv1D layer; the names are "
+                             "c_attn, c_proj, c_fc, attn/c_proj, mlp/c_proj (or a block's, h0/attn/c_attn)")
+        for variable in self.weights:
+            variable.trainable = False
+        adapted = [conv for name, conv in layers if any(("/" + name).endswith("/" + t.strip("/")) for t in targets)]
+        for i, conv in enumerate(adapted):
+            conv.enable_lora(rank, lora_alpha, keras.initializers.HeUniform(None if seed is None else seed + i))
+        self.lora_targets = targets
+        self.generators.clear()  # compiled without the adapters
 
     def __call__(self, X, past=None, **kwargs):
         """As Keras's, taking token ids and `past` as lists or arrays too."""

@@ -9,6 +9,7 @@ EXAMPLES = """examples:
     tfgpt2 train --dataset corpus.txt --model_name 124M --steps 1000 --run_name run1
     tfgpt2 encode corpus/ corpus.npz && tfgpt2 train --dataset corpus.npz --steps 500 --sample_every 100
     tfgpt2 train --dataset corpus.txt --steps 2000 --restore_from latest   # continue run1 exactly
+    tfgpt2 train --dataset corpus.txt --model_name 774M --lora_rank 8 --remat --run_name lora1
     tfgpt2 generate --model_dir checkpoint/run1 --prompt "Once upon a time" --nsamples 1
 
 Progress: a bar on a terminal, else a line every --print_every steps, on stderr; --quiet

@@ -75,6 +75,8 @@ def project(conv, x, layout):
             # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight. The
             # barrier keeps XLA from rewriting it back into x @ w.
             y = tf.transpose(xla.optimization_barrier(tf.matmul(layout, x, transpose_b=True))[0])
+        if conv.lora_enabled:  # LoRA adapters (`Conv1D.enable_lora`), not merged
+            y += conv.lora_output(x)
         return tf.reshape(y + tf.cast(conv.b, x.dtype), start + [conv.nf])
 
 

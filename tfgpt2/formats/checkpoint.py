@@ -15,6 +15,7 @@ from ..hparams import find_model_dir, load_hparams, save_hparams, variable_shape
 from ..model import GPT2
 from . import bundle
 from .files import staging, write_text
+from .lora import apply_adapters, merged_weights
 
 
 class CheckpointError(ValueError):
@@ -126,14 +127,16 @@ def _restore(model, prefix, header, entries, source):
     return model
 
 
-def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, remat=False, models_dir="models"):
+def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, remat=False, models_dir="models",
+               lora=None):
     """Build `GPT2` from `<model_dir>/hparams.json` and load the original checkpoint into it.
 
     `model_dir` is a folder, or a model name ("124M") for `<models_dir>/<name>`.
     `checkpoint` (a folder or prefix) defaults to `model_dir`. The checkpoint's names and
     shapes are checked against the hparams before any weight is allocated. `dtype`: a Keras
     dtype policy ("bfloat16", "mixed_float16", ...); each tensor is cast as it is read.
-    `remat`: as `GPT2`'s (fine-tuning with less memory).
+    `remat`: as `GPT2`'s (fine-tuning with less memory). `lora`: LoRA adapters to apply, not
+    merged (`formats.lora.apply_adapters`: a run folder or a `lora-<step>` prefix).
     """
     model_dir = find_model_dir(model_dir, models_dir)
     hparams = load_hparams(model_dir)
@@ -141,7 +144,10 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, r
     header, entries = read_index(prefix)
     source = plan_restore(stored_shapes(entries), hparams, tie_embeddings, prefix)
     model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype, remat=remat)
-    return _restore(model, prefix, header, entries, source)
+    _restore(model, prefix, header, entries, source)
+    if lora:
+        apply_adapters(model, lora)
+    return model
 
 
 def save_tensors(folder, name, tensors):
@@ -169,5 +175,6 @@ def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
 
 def save_model(model, model_dir):
     """Save `model` so that OpenAI's own code restores it (`tf.train.Saver` on `model_dir`):
-    float32, whatever the model's dtype policy."""
-    return save_checkpoint({v.path: tf.cast(v, tf.float32) for v in model.weights}, model.hparams, model_dir)
+    float32, whatever the model's dtype policy; LoRA adapters merged."""
+    return save_checkpoint({name: tf.cast(v, tf.float32) for name, v in merged_weights(model).items()},
+                           model.hparams, model_dir)

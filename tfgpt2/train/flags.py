@@ -3,6 +3,7 @@ import argparse
 import os
 
 from ..cli.args import Parser, ranged
+from ..model import LORA_TARGETS
 from . import distribute
 from .optimizers import OPTIMIZERS
 
@@ -66,6 +67,14 @@ def parser(prog="tfgpt2 train"):
            "on a CPU only with --no_xla (XLA's CPU dots are float32), faster where oneDNN's "
            "bfloat16 kernels are")
     a("--remat", action="store_true", help="recompute each block in the backward pass: less memory, more time")
+    a("--lora_rank", type=ranged(int, 1), default=None,
+      help="train LoRA adapters of this rank only (every other weight frozen); model-<step> holds the "
+           "merged weights, lora-<step> the adapters")
+    a("--lora_alpha", type=ranged(float, 0), default=None, help="the adapters' scale is lora_alpha / lora_rank "
+                                                                "(default lora_rank: a scale of 1, as Keras')")
+    a("--lora_targets", nargs="+", default=None, metavar="NAME",
+      help=f"the Conv1D layers to adapt in every block (default {' '.join(LORA_TARGETS)}): c_attn, c_proj, "
+           "c_fc, attn/c_proj, mlp/c_proj")
     return p
 
 
@@ -78,6 +87,8 @@ def parse_args(argv=None, *, exit_on_error=True, prog="tfgpt2 train"):
     args = p.parse_args(argv)
     if args.lr_schedule == "cosine" and args.steps < 1:
         p.error("--lr_schedule cosine needs --steps")
+    if (args.lora_alpha is not None or args.lora_targets) and not args.lora_rank:
+        p.error("--lora_alpha and --lora_targets need --lora_rank")
     return args
 
 
@@ -88,7 +99,8 @@ def _raise(message):
 def finetune(dataset, *, strategy=None, **flags):
     """`python -m tfgpt2.train` from Python, as gpt-2-simple's `finetune` for notebooks: each
     keyword is the flag of that name (True for a switch), e.g.
-    `finetune("corpus.txt", model_name="355M", steps=1000, remat=True)`. Returns the (step,
+    `finetune("corpus.txt", model_name="355M", steps=1000, remat=True)` (a list for a flag of
+    several values: `lora_rank=8, lora_targets=["c_attn", "c_fc"]`). Returns the (step,
     loss) of each update; Ctrl-C (an interrupted cell) saves and returns. A bad flag raises
     ValueError before anything is loaded or written. With `remat=True` on a CPU, calling
     `prefer_memory_schedule()` first (before anything compiles) keeps XLA from undoing the
@@ -97,6 +109,8 @@ def finetune(dataset, *, strategy=None, **flags):
     for name, value in flags.items():
         if value is True:
             argv.append(f"--{name}")
+        elif isinstance(value, (list, tuple)):
+            argv += [f"--{name}", *map(str, value)]
         elif value is not None and value is not False:
             argv += [f"--{name}", str(value)]
     return run(parse_args(argv, exit_on_error=False), strategy)

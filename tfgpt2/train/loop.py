@@ -11,7 +11,9 @@ each checkpoint so that a resumed run continues exactly.
 The run folder `checkpoint/<run_name>/` is gpt-2-simple's: `model-<step>.*` in OpenAI's
 variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`, `counter`,
 `hparams.json`, `encoder.json`, `vocab.bpe`, TensorBoard events; and `optimizer-<step>.*`
-beside the latest model, `best.json` where validation runs, `samples-<step>.txt`.
+beside the latest model, `best.json` where validation runs, `samples-<step>.txt`. With LoRA
+(`--lora_rank`) only the adapters train; `model-<step>` holds the merged weights, in the same
+layout, and `lora-<step>.*` the adapters.
 """
 import contextlib
 import json
@@ -28,7 +30,7 @@ from tensorflow.core.framework import summary_pb2
 from tqdm import tqdm
 
 from ..encoder import get_encoder
-from ..formats.checkpoint import load_model
+from ..formats.checkpoint import checkpoint_prefix, load_model
 from ..formats.files import write_text
 from ..sample import generate
 from . import data, distribute
@@ -59,11 +61,14 @@ def load_data(args, enc, hparams):
     return train, val_batches
 
 
-def build_trainer(args, strategy, source, prefix):
-    """(model, optimizer, Trainer) as the flags say, the model's weights from `prefix`, the
-    model and the optimizer's state made in the strategy's scope."""
+def build_trainer(args, strategy, source, prefix, adapters=None):
+    """(model, optimizer, Trainer) as the flags say, the model's weights from `prefix`, LoRA
+    (--lora_rank) from the adapter checkpoint `adapters` or afresh, the model and the
+    optimizer's state made in the strategy's scope."""
     with strategy.scope():
-        model = load_model(source, checkpoint=prefix, dtype=args.precision, remat=args.remat)
+        model = load_model(source, checkpoint=prefix, dtype=args.precision, remat=args.remat, lora=adapters)
+        if args.lora_rank and not adapters:
+            model.enable_lora(args.lora_rank, args.lora_targets, lora_alpha=args.lora_alpha, seed=args.seed)
     variables = trained_variables(model, args.only_train_transformer_layers)
     with strategy.scope():
         optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
@@ -82,14 +87,15 @@ def train(args, strategy=None):
     strategy = strategy or tf.distribute.get_strategy()
     distribute.check_batch(args.batch_size, strategy)
     chief = distribute.is_chief(strategy)  # the one process that writes the run folder
-    run_dir, source, prefix, step, hp = find_start(args)
+    run_dir, source, prefix, step, hp, adapters = find_start(args)
     if step == args.steps:
         print(f"{run_dir} has made its --steps {step} updates already: nothing to train", file=sys.stderr)
         return []
     vocab_dir = vocabulary_dir(source, os.path.join(args.models_dir, args.model_name))
     enc = get_encoder(os.path.basename(vocab_dir), os.path.dirname(vocab_dir))
     windows, val_batches = load_data(args, enc, hp)
-    model, optimizer, trainer = build_trainer(args, strategy, source, prefix)
+    model, optimizer, trainer = build_trainer(args, strategy, source, prefix, adapters)
+    base = os.path.abspath(prefix or checkpoint_prefix(source))  # what LoRA adapters are trained on
     if chief:
         write_run_files(run_dir, hp, vocab_dir)
     log = Log(run_dir if chief else None, args, step)
@@ -116,7 +122,7 @@ def train(args, strategy=None):
                 if best is None or val_loss < best["val_loss"]:
                     best, save_now = {"step": step, "val_loss": val_loss}, True
             if save_now and chief:
-                save(run_dir, model, optimizer, step, best, args.max_checkpoints, log)
+                save(run_dir, model, optimizer, step, best, args.max_checkpoints, log, base)
                 saved = step
             if args.sample_every > 0 and step % args.sample_every == 0 and chief:
                 log.print(write_samples(model, enc, args, run_dir, step), file=sys.stdout)
@@ -126,18 +132,18 @@ def train(args, strategy=None):
         log.close()
     if chief:
         if saved != step:
-            save(run_dir, model, optimizer, step, best, args.max_checkpoints, log)
+            save(run_dir, model, optimizer, step, best, args.max_checkpoints, log, base)
         log.print(f"{run_dir}: step {step}" + (f", loss {log.average.value:.4f} (running average)" if history
                                                else ""), always=True)
     return history
 
 
-def save(run_dir, model, optimizer, step, best, max_checkpoints, log):
-    """The weights and optimizer state of `step` in the run folder, and `best.json` where
-    `step` is the best; Ctrl-C waits until they are written."""
+def save(run_dir, model, optimizer, step, best, max_checkpoints, log, base):
+    """The weights and optimizer state of `step` in the run folder (and adapters on `base`), and
+    `best.json` where `step` is the best; Ctrl-C waits until they are written."""
     with _no_interrupts():
         save_run(run_dir, model, optimizer, step, max_checkpoints=max_checkpoints,
-                 keep={best["step"]} if best else ())
+                 keep={best["step"]} if best else (), lora_base=base)
         if best and best["step"] == step:
             write_text(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
     log.print(f"Saving {run_dir}/model-{step}")

@@ -1,7 +1,9 @@
 """The run folder `checkpoint/<run_name>/`, gpt-2-simple's: `model-<step>.*` in OpenAI's
 variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`, `counter`,
 `hparams.json`, `encoder.json`, `vocab.bpe`, TensorBoard events; and `optimizer-<step>.*`
-beside the latest model, `best.json` where validation runs, `samples-<step>.txt`."""
+beside the latest model, `best.json` where validation runs, `samples-<step>.txt`. With LoRA
+(`--lora_rank`), `model-<step>` holds the merged weights and `lora-<step>.*` the adapters
+(`formats.lora`), from which, with the base, a run continues."""
 import glob
 import json
 import os
@@ -11,7 +13,9 @@ import tensorflow as tf
 from ..encoder import ASSETS_DIR, VOCAB_FILES
 from ..formats.checkpoint import checkpoint_prefix, save_tensors
 from ..formats.files import copy_file, write_text
+from ..formats.lora import adapter_tensors, merged_weights, read_config
 from ..hparams import load_hparams, save_hparams
+from ..model import LORA_TARGETS
 
 
 def _step_of(prefix):
@@ -30,21 +34,24 @@ def checkpoint_steps(run_dir):
     return [_step_of(p) for p in paths]
 
 
-def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=()):
-    """Save step `step`: optimizer state, then the weights, then the `checkpoint` file that
-    names them (so an interrupt never leaves a half-written checkpoint named there) and
-    `counter`. Older checkpoints beyond `max_checkpoints` go, except the steps in `keep`;
-    optimizer state is kept for the latest only."""
+def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=(), lora_base=None):
+    """Save step `step`: optimizer state, the LoRA adapters (recording `lora_base`, the
+    checkpoint they train on) where the model has them, then the weights (merged), then the
+    `checkpoint` file that names them (so an interrupt never leaves a half-written checkpoint
+    named there) and `counter`. Older checkpoints beyond `max_checkpoints` go, with their
+    adapters, except the steps in `keep`; optimizer state is kept for the latest only."""
     save_tensors(run_dir, f"optimizer-{step}",
                  {f"optimizer/{i}": v for i, v in enumerate(optimizer_state(optimizer))})
-    save_tensors(run_dir, f"model-{step}", {v.path: v for v in model.weights})
+    if model.lora_targets:
+        save_tensors(run_dir, f"lora-{step}", adapter_tensors(model, lora_base))
+    save_tensors(run_dir, f"model-{step}", merged_weights(model))
     steps = sorted(set(checkpoint_steps(run_dir)) - {step}) + [step]
     kept = [s for i, s in enumerate(steps) if i >= len(steps) - max_checkpoints or s in keep]
     lines = [f'model_checkpoint_path: "model-{step}"']
     lines += [f'all_model_checkpoint_paths: "model-{s}"' for s in kept]
     write_text(os.path.join(run_dir, "checkpoint"), "\n".join(lines) + "\n")
     write_text(os.path.join(run_dir, "counter"), f"{step}\n")
-    for path in glob.glob(os.path.join(run_dir, "model-*.*")) + glob.glob(os.path.join(run_dir, "optimizer-*.*")):
+    for path in [p for kind in ("model", "optimizer", "lora") for p in glob.glob(os.path.join(run_dir, f"{kind}-*.*"))]:
         kind, s = os.path.basename(path).split(".")[0].split("-")
         if int(s) not in kept or (kind == "optimizer" and int(s) != step):
             os.remove(path)
@@ -77,13 +84,19 @@ def restore_optimizer(optimizer, run_dir, step):
 
 def find_start(args):
     """Where the run starts: (run folder, folder of the weights, checkpoint prefix or None,
-    step, hparams), from the run folder (--restore_from latest), the base model (fresh, or
-    latest in a new run) or a path. Checks only; nothing is loaded or written."""
+    step, hparams, LoRA adapters to load or None), from the run folder (--restore_from latest;
+    with LoRA, its adapters on their base), the base model (fresh, or latest in a new run) or
+    a path. Checks only; nothing is loaded or written."""
     run_dir = os.path.join(args.checkpoint_dir, args.run_name)
     has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoint"))
+    adapters = None
     if args.restore_from == "latest" and has_checkpoint:
         source, prefix = run_dir, checkpoint_prefix(run_dir)
         step = _step_of(prefix)
+        adapters = lora_start(run_dir, step, args)
+        if adapters:
+            prefix = read_config(adapters)["base"]
+            source = os.path.dirname(prefix)
     elif args.restore_from in ("latest", "fresh"):
         if has_checkpoint:
             raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
@@ -102,7 +115,31 @@ def find_start(args):
     if 0 <= args.steps < step:
         raise ValueError(f"{run_dir} is at step {step}, past --steps {args.steps}: --steps is the run's "
                          f"total, not a number of steps more (for N more: --steps {step} + N)")
-    return run_dir, source, prefix, step, hparams
+    return run_dir, source, prefix, step, hparams, adapters
+
+
+def lora_start(run_dir, step, args):
+    """`lora-<step>` to continue a LoRA run from, checked against the --lora_* flags and for its
+    base; None for a run without LoRA."""
+    prefix = os.path.join(run_dir, f"lora-{step}")
+    if os.path.isfile(prefix + ".index") != bool(args.lora_rank):
+        raise ValueError(f"{run_dir}: model-{step} was trained with LoRA ({prefix}); continue it with its --lora_rank"
+                         if args.lora_rank is None else
+                         f"{run_dir}: model-{step} was trained without LoRA (no {prefix}.index); continue it "
+                         f"without --lora_rank, or start LoRA from it with --restore_from {run_dir} and another "
+                         "--run_name")
+    if args.lora_rank is None:
+        return None
+    config = read_config(prefix)
+    given = {"rank": args.lora_rank, "alpha": float(args.lora_alpha or args.lora_rank),
+             "targets": list(args.lora_targets or LORA_TARGETS)}
+    differ = [f"--lora_{name} {given[name]} (it has {config[name]})" for name in given if given[name] != config[name]]
+    if differ:
+        raise ValueError(f"{prefix}: the run's adapters differ from the flags: " + ", ".join(differ))
+    if not os.path.isfile(f"{config['base']}.index"):
+        raise FileNotFoundError(f"{prefix}: the base checkpoint the adapters were trained on, {config['base']}, "
+                                "is not there")
+    return prefix
 
 
 def vocabulary_dir(*folders):
