@@ -172,28 +172,13 @@ def test_docs_page_is_the_committed_reports():
 
 # ---- the tools on a tiny model ------------------------------------------------------------
 
-def test_generation_report(tiny_dir, tmp_path):
-    done = run_tool("benchmark.py", "--model_dir", tiny_dir, "--batch", "2", "--candidates", "tfgpt2-xla",
-                    "--runs", "2", "--short", "4", "--long", "12", "--prompt_len", "4", "--report", str(tmp_path),
-                    "--note", "Tiny weights.")
-    assert done.returncode == 0, done.stderr[-3000:]
-    data = assert_report(str(tmp_path), "generation", "benchmark.py")
-    [row] = rows(data)
-    assert (row["implementation"], row["batch"]) == ("tfgpt2-xla", 2)
-    assert "vs_reference" not in row and "error" not in row
-    assert row["step_ms"]["n"] == row["tokens_per_s"]["n"] == row["prefill_tokens_per_s"]["n"] == 2
-    assert row["peak_rss_mb"] >= row["loaded_rss_mb"] > 0
-    assert "Tiny weights." in data["notes"] and data["settings"]["runs"] == 2
-    assert [h["what"] for h in data["headlines"]] == ["generation, batch 2, tfgpt2-xla"]
-
-
 @pytest.mark.slow
 def test_generation_report_against_the_reference(tiny_dir, tmp_path):
     from conftest import require_reference
     require_reference()
     done = run_tool("benchmark.py", "--model_dir", tiny_dir, "--batch", "1", "2", "--candidates", "tfgpt2-xla",
                     "reference", "--runs", "2", "--short", "4", "--long", "12", "--prompt_len", "8",
-                    "--report", str(tmp_path))
+                    "--report", str(tmp_path), "--note", "Tiny weights.")
     assert done.returncode == 0, done.stderr[-3000:]
     data = assert_report(str(tmp_path), "generation", "benchmark.py")
     by = {(r["implementation"], r["batch"]): r for r in rows(data)}
@@ -202,6 +187,13 @@ def test_generation_report_against_the_reference(tiny_dir, tmp_path):
     ours, theirs = by["tfgpt2-xla", 1], by["reference", 1]
     assert ours["vs_reference"] == pytest.approx(ours["step_ms"]["median"] / theirs["step_ms"]["median"])
     assert theirs["loaded_rss_mb"] is None
+    for row in by["tfgpt2-xla", 1], by["tfgpt2-xla", 2]:
+        assert "error" not in row
+        assert row["step_ms"]["n"] == row["tokens_per_s"]["n"] == row["prefill_tokens_per_s"]["n"] == 2
+        assert row["peak_rss_mb"] >= row["loaded_rss_mb"] > 0
+    assert "Tiny weights." in data["notes"] and data["settings"]["runs"] == 2
+    assert data["headlines"][0]["what"] == "generation, batch 1, tfgpt2-xla"
+    assert data["headlines"][0]["figure"].endswith("x the reference's time")
 
 
 def test_tokenizer_report(tmp_path):
