@@ -35,7 +35,7 @@ def check_controls(controls, n_vocab):
                     tf.shape(bias)),
             require(tf.logical_not(tf.math.is_nan(bias)) & (bias < float("inf")),
                     "logit_bias values must be numbers < inf (-inf or <= -100 bans a token)",
-                    tf.boolean_mask(bias, tf.math.is_nan(bias) | (bias == float("inf")))[:3]),
+                    _some(bias, tf.math.is_nan(bias) | (bias == float("inf")))),
             require(tf.reduce_any(bias > BANNED, axis=-1), "logit_bias bans every token"),
         ]
     if "repetition" in controls:
@@ -54,11 +54,16 @@ def check_controls(controls, n_vocab):
         real = stop >= 0
         checks += [
             require((stop >= -1) & (stop < n_vocab), f"stop token ids must be in [0, n_vocab={n_vocab}) "
-                    "(-1 pads)", tf.boolean_mask(stop, (stop < -1) | (stop >= n_vocab))[:3]),
+                    "(-1 pads)", _some(stop, (stop < -1) | (stop >= n_vocab))),
             require(tf.logical_not(real[..., 1:] & tf.logical_not(real[..., :-1])),
                     "stop sequences must be padded with -1 at their end only"),
         ]
     return checks
+
+
+def _some(x, where):
+    """Up to three of the values of x where `where` holds, for an error message."""
+    return tf.boolean_mask(tf.reshape(x, [-1]), tf.reshape(where, [-1]))[:3]
 
 
 def aligned_stops(stop):
