@@ -147,7 +147,9 @@ def test_interactive_ctrl_c_ends_it_without_a_traceback(tiny_dir):
 
 NONSENSE = [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-1"), ("--top_p", "nan"),
             ("--top_p", "1.5"), ("--top_k", "-3"), ("--top_k", "2.5"), ("--nsamples", "-1"),
-            ("--batch_size", "0"), ("--length", "0"), ("--length", "ten"), ("--seed", "-1"), ("--seed", "1e3")]
+            ("--batch_size", "0"), ("--length", "0"), ("--length", "ten"), ("--seed", "-1"), ("--seed", "1e3"),
+            ("--min_p", "1.5"), ("--min_p", "nan"), ("--repetition_penalty", "0"), ("--presence_penalty", "-1"),
+            ("--frequency_penalty", "inf"), ("--logit_bias", "5"), ("--logit_bias", "5=nan"), ("--logit_bias", "-2=1")]
 
 
 @pytest.fixture
