@@ -24,8 +24,9 @@ installed. Per candidate and batch size:
 
 `--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
-`--top_k` says otherwise; `--controls` turns every generation control on for tfgpt2. The report (benchmarks/report.py) goes to `--report DIR` as
-`--name`.json and .md (default generation).
+`--top_k` says otherwise; `--controls` turns every generation control on for tfgpt2. The
+report (benchmarks/report.py) goes to `--report DIR` as `--name`.json and .md (default
+generation).
 """
 import argparse
 import functools

@@ -21,7 +21,6 @@ import tensorflow as tf
 from .plan import require
 
 BANNED = -100.0  # OpenAI's rule: a bias at or below it bans the token
-FLOATS = ("repetition", "presence", "frequency", "min_p")
 
 
 def check_controls(controls, n_vocab):

@@ -3,7 +3,8 @@
 The original's `sample_sequence` as one `tf.function` (XLA when `jit_compile`): the prompt but
 its last token fills the cache, then a `tf.while_loop` feeds back one token at a time, picked
 by the `choose` it is given (`tfgpt2.sample.choose`), writing each into a token buffer, until
-`length` new tokens or every row has stopped.
+`length` new tokens or every row has stopped. The generation controls (`controls.py`) act on
+the logits before `choose` and end rows at stop sequences.
 """
 import tensorflow as tf
 
@@ -49,9 +50,9 @@ class Generator:
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
         whose width T (>= P + length) sizes the cache. `options` are temperature, top_k, top_p,
         seed, eot, stop_at_eot and, optionally, `choose`'s filters and the controls (a dict,
-        `decoding.controls`). Returns tokens with the
-        prompt and up to `length` new tokens after it (eot after a row stops), and each row's
-        count of new tokens."""
+        `decoding.controls`). Returns tokens with the prompt and up to `length` new tokens after
+        it (eot after a row stops), and each row's count of new tokens (a stop sequence it ended
+        with left out)."""
         state = self._start(weights, prompt, pad, tokens, *options)
         state = self._resume(weights, state, pad, shape_list(prompt)[1], length, *options)
         return state["tokens"], state["lengths"]
@@ -86,10 +87,9 @@ class Generator:
         """New token number i (eot for rows already stopped), written after the prompt; a row
         whose new tokens end with a stop sequence stops, its length cut before it."""
         i, done, controls = state["i"], state["done"], controls or {}
-        extra = dict(min_p=controls["min_p"]) if "min_p" in controls else {}
         token = self.choose(control.adjusted(logits, controls, state), temperature=tf.cast(temperature, tf.float32),
                             top_k=top_k, top_p=top_p, seed=tf.stack([seed, tf.cast(i, tf.int64)]),
-                            filters=filters, **extra)
+                            filters=filters, min_p=controls.get("min_p"))
         token = tf.where(done, eot, token)
         tokens = tf.tensor_scatter_nd_update(state["tokens"], _column(token, prompt_len + i), token)
         lengths = state["lengths"] + tf.cast(tf.logical_not(done), tf.int32)
