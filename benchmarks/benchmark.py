@@ -24,8 +24,9 @@ installed. Per candidate and batch size:
 
 `--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
-`--top_k` says otherwise. The report (benchmarks/report.py) goes to `--report DIR` as
-`--name`.json and .md (default generation).
+`--top_k` says otherwise; `--controls` turns every generation control on for tfgpt2. The
+report (benchmarks/report.py) goes to `--report DIR` as `--name`.json and .md (default
+generation).
 """
 import argparse
 import functools
@@ -57,13 +58,19 @@ def rss_mb(pid="self", key="VmHWM"):
 
 # ---- one candidate in its own process ----------------------------------------------------
 
+# every generation control on, with values that never end a row early (<|endoftext|> banned)
+CONTROLS = dict(logit_bias={50256: -100, 11: 0.5}, repetition_penalty=1.2, presence_penalty=0.3,
+                frequency_penalty=0.2, min_p=0.05, stop=[[50256, 50256], [50256]])
+
+
 def tfgpt2_runner(args, jit_compile):
     from tfgpt2 import load_model
     from tfgpt2.sample import generate
     model = load_model(args.model_dir, dtype=args.dtype)
+    controls = CONTROLS if args.controls else {}
 
     def run(context, length):
-        generate(model, context.tolist(), length, top_k=args.top_k, seed=0, jit_compile=jit_compile)
+        generate(model, context.tolist(), length, top_k=args.top_k, seed=0, jit_compile=jit_compile, **controls)
     return repeated(run), rss_mb
 
 
@@ -173,7 +180,7 @@ def measure(candidate, batch, args):
     command = [sys.executable, os.path.abspath(__file__), "--worker", candidate, "--batch_size", str(batch),
                "--model_dir", args.model_dir, "--reference_src", args.reference_src, "--runs", str(args.runs),
                "--short", str(args.short), "--long", str(args.long), "--prompt_len", str(args.prompt_len),
-               "--top_k", str(args.top_k), "--dtype", args.dtype]
+               "--top_k", str(args.top_k), "--dtype", args.dtype] + ["--controls"] * args.controls
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -234,6 +241,9 @@ def main(argv=None):
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--dtype", default="float32",
                         help="tfgpt2's Keras dtype policy (bfloat16, ...); the others run in float32")
+    parser.add_argument("--controls", action="store_true",
+                        help="tfgpt2 with every generation control on (logit_bias, the penalties, min_p, stop "
+                             "sequences), none ending a row early")
     report.add_arguments(parser, "generation")
     parser.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     parser.add_argument("--batch_size", type=int, help=argparse.SUPPRESS)
@@ -260,11 +270,12 @@ def main(argv=None):
              f"the first calls' extra time; peak RSS: the process's peak resident set (VmHWM); RSS before: "
              f"after loading, before the first call. Sampling top_k={args.top_k}; tfgpt2 in {args.dtype}"
              + (", the others in float32" if set(c for c, _ in results) - {"tfgpt2", "tfgpt2-xla"} else "")
-             + ". Each implementation ran in a process of its own."]
+             + ". Each implementation ran in a process of its own."
+             + (f" tfgpt2 with every generation control on: {CONTROLS}." if args.controls else "")]
     if skipped:
         notes.append(f"Not installed or not found here: {', '.join(skipped)}.")
     settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "short", "long",
-                                              "prompt_len", "top_k", "dtype")}
+                                              "prompt_len", "top_k", "dtype", "controls")}
     columns = [c for c in COLUMNS if c["key"] != "vs_reference" or any("vs_reference" in r for r in rows)]
     columns += [ERROR] * any("error" in r for r in rows)
     report.publish(args, "Generation speed", [report.table(columns, rows)], tool=__file__, argv=argv,

@@ -148,6 +148,61 @@ REQUESTS = {
 }
 
 
+OFF = dict(logit_bias=np.zeros(50257, np.float32), repetition_penalty=np.float32(1), presence_penalty=np.float32(0),
+           frequency_penalty=np.float32(0), min_p=np.float32(0), stop=np.zeros([0, 1], np.int32))
+
+
+def controlled(prompts, width, max_new_tokens, controls, *, per_row=False, **kwargs):
+    """A `generate_with_controls` request for the library's `controls` (a value for all rows,
+    or with `per_row` one per row, as TF Serving's instances format sends them)."""
+    inputs = dict(gen(prompts, width, max_new_tokens, **kwargs)[1], **OFF)
+    for token, value in controls.get("logit_bias", {}).items():
+        inputs["logit_bias"][token] = value
+    stops = controls.get("stop", [])
+    if stops:
+        inputs["stop"] = np.full([len(stops), max(map(len, stops))], -1, np.int32)
+        for n, sequence in enumerate(stops):
+            inputs["stop"][n, :len(sequence)] = sequence
+    inputs.update((k, np.float32(v)) for k, v in controls.items() if k not in ("logit_bias", "stop"))
+    if per_row:
+        inputs.update((k, np.repeat(inputs[k][None], len(prompts), axis=0)) for k in OFF)
+    return "generate_with_controls", inputs
+
+
+def bad_control(**changes):
+    """A good one-row `generate_with_controls` request with some controls changed."""
+    return "generate_with_controls", {**controlled([[5, 6, 7]], 3, 5, {})[1], **changes}
+
+
+CONTROL_REQUESTS = {
+    # off: rows of -1 only are no stop sequence ([2, 2]: the compile of the requests below)
+    "controls off": ("generate_with_controls", dict(controlled(VARIABLE, 40, 10, {}, top_k=1)[1],
+                                                    stop=np.full([2, 2], -1, np.int32))),
+    "bias nan": bad_control(logit_bias=np.where(np.arange(50257) == 9, np.nan, 0).astype(np.float32)),
+    "bias inf": bad_control(logit_bias=np.where(np.arange(50257) == 9, np.inf, 0).astype(np.float32)),
+    "bias size": bad_control(logit_bias=np.zeros(100, np.float32)),
+    "bias bans all": bad_control(logit_bias=np.full(50257, -100, np.float32)),
+    "bias rows": bad_control(logit_bias=np.zeros([2, 50257], np.float32)),
+    "repetition -1": bad_control(repetition_penalty=np.float32(-1)),
+    "presence -1": bad_control(presence_penalty=np.float32(-1)),
+    "frequency nan": bad_control(frequency_penalty=np.float32("nan")),
+    "min_p 2": bad_control(min_p=np.float32(2)),
+    "stop id": bad_control(stop=np.int32([[5, 50257]])),
+    "stop gap": bad_control(stop=np.int32([[5, -1, 6]])),
+    "stop rank 1": bad_control(stop=np.int32([5, 6])),
+}
+
+
+@pytest.fixture(scope="module")
+def controls(tiny):
+    """Every control, with stop sequences that end rows 1 and 2 of VARIABLE early (greedy)."""
+    chosen = dict(logit_bias={318: 4.0, 1000: -100}, repetition_penalty=1.7, presence_penalty=1.5,
+                  frequency_penalty=0.5, min_p=0.2)
+    rows = generate(tiny, VARIABLE, 10, top_k=1, stop=[[7, 7], [8]], **chosen)  # the same compile as below
+    new = [row[len(p):].tolist() for row, p in zip(rows, VARIABLE)]
+    return dict(chosen, stop=[new[1][4:6], [new[2][3]]])
+
+
 @pytest.fixture(scope="module")
 def exported(tiny_dir, tmp_path_factory):
     return export_saved_model(tiny_dir, str(tmp_path_factory.mktemp("export") / "gpt2"))
@@ -165,9 +220,14 @@ def eot(tiny):
 
 
 @pytest.fixture(scope="module")
-def answers(exported, tiny, eot, tmp_path_factory):
-    """Answers to REQUESTS, and 'stop at eot' from an export that stops after `eot`."""
+def answers(exported, tiny, eot, controls, tmp_path_factory):
+    """Answers to REQUESTS and CONTROL_REQUESTS, requests with `controls`, and 'stop at eot'
+    from an export that stops after `eot`."""
     stopping = export_saved_model(tiny, str(tmp_path_factory.mktemp("export") / "stop"), stop_at_eot=True, eot=eot)
+    REQUESTS.update(CONTROL_REQUESTS, **{
+        "controls greedy": controlled(VARIABLE, 40, 10, controls, top_k=1),
+        "controls sampled": controlled(VARIABLE, 40, 10, controls, **SAMPLING),
+        "controls instances": controlled(VARIABLE, 40, 10, controls, per_row=True, top_k=1)})
     requests = {name: (exported, *request) for name, request in REQUESTS.items()}
     requests["stop at eot"] = (stopping, *REQUESTS["greedy"])
     return serve(requests, tmp_path_factory.mktemp("serve"))
@@ -304,6 +364,42 @@ def test_bad_requests_fail_with_a_message(answers, name, message):
     answer = answers[name]
     assert isinstance(answer, str), f"{name}: no error, got {answer}"
     assert answer.startswith("InvalidArgumentError") and message in answer, answer[:500]
+
+
+@pytest.mark.parametrize("name, kwargs", [("controls greedy", dict(top_k=1)), ("controls sampled", SAMPLING)])
+def test_controls_match_the_library(answers, tiny, controls, name, kwargs):
+    """Every control at once, greedy and sampled: the library's tokens; `lengths` leave out the
+    stop sequence that ends rows 1 and 2."""
+    answer = answers[name]
+    expected = generate(tiny, VARIABLE, 10, **kwargs, **controls)
+    np.testing.assert_array_equal(answer["lengths"], [len(row) - len(p) for row, p in zip(expected, VARIABLE)])
+    for row, (ours, theirs) in enumerate(zip(new_rows(answer, REQUESTS[name][1]), expected)):
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"row {row}")
+    if name == "controls greedy":
+        assert answer["lengths"].tolist()[1:] == [4, 3]
+        np.testing.assert_array_equal(answers["controls instances"]["output_ids"], answer["output_ids"])
+
+
+def test_controls_off_are_generate(answers):
+    np.testing.assert_array_equal(answers["controls off"]["output_ids"], answers["variable"]["output_ids"])
+
+
+@pytest.mark.parametrize("name, message", [
+    ("bias nan", "logit_bias values must be numbers < inf"),
+    ("bias inf", "logit_bias values must be numbers < inf"),
+    ("bias size", "logit_bias must have n_vocab=50257 values per row"),
+    ("bias bans all", "logit_bias bans every token"),
+    ("bias rows", "logit_bias must have one value per row or one for all"),
+    ("repetition -1", "repetition_penalty must be a finite number > 0"),
+    ("presence -1", "presence_penalty must be a finite number >= 0"),
+    ("frequency nan", "frequency_penalty must be a finite number >= 0"),
+    ("min_p 2", "min_p must be in [0, 1]"),
+    ("stop id", "stop token ids must be in [0, n_vocab=50257)"),
+    ("stop gap", "stop sequences must be padded with -1 at their end only"),
+    ("stop rank 1", "stop must have rank 2 (every row) or 3 (one per row)"),
+])
+def test_bad_controls_fail_with_a_message(answers, name, message):
+    test_bad_requests_fail_with_a_message(answers, name, message)
 
 
 def test_saved_model_cli_show_and_run(exported, tiny, tmp_path):

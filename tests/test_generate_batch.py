@@ -164,3 +164,23 @@ def test_bad_lines_are_named_or_skipped_with_a_count(tiny_dir, tmp_path, capsys,
         assert f"skipped {src}:{n + 1} (line {n} counted from 0): {problem}" in err
     assert "skipped 5 bad line(s)" in err
     assert sorted(rows(out)) == [0, 7]
+
+
+def test_controls_apply_to_every_line(tiny_dir, tmp_path, model):
+    """--repetition_penalty, --logit_bias and --stop on every line: each row is the prompt's
+    greedy row alone with the same controls, a --stop text left out of the row that made it."""
+    enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
+    texts = prompts(6, seed=4, words=6)
+    contexts = [enc.encode(text) for text in texts]
+    controls = dict(repetition_penalty=1.5, logit_bias={262: 5.0})
+    free = generate(model, contexts[:1], 8, temperature=0, jit_compile=False, **controls)[0][len(contexts[0]):]
+    stop = next(enc.decode([t]) for t in free[2:].tolist() if enc.encode(enc.decode([t])) == [t])
+    src = write_input(tmp_path / "in.jsonl", texts)
+    assert generate_batch.main(flags(tiny_dir, src, tmp_path / "out.jsonl", "--length", "8", "--temperature", "0",
+                                     "--batch_size", "3", "--repetition_penalty", "1.5", "--logit_bias", "262=5",
+                                     "--stop", stop), model) == 0
+    got = rows(tmp_path / "out.jsonl")
+    for n, context in enumerate(contexts):
+        alone = generate(model, [context], 8, temperature=0, jit_compile=False, stop=[enc.encode(stop)], **controls)
+        assert got[n]["tokens"] == alone[0][len(context):].tolist(), f"line {n}"
+    assert len(got[0]["tokens"]) < 8 and stop not in got[0]["text"]

@@ -13,11 +13,11 @@ import tempfile
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY
 from tfgpt2.cli import generate as generate_unconditional_samples
 from tfgpt2.cli import interactive as interactive_conditional_samples
 from tfgpt2.formats.checkpoint import load_model
-from tfgpt2.encoder import get_encoder
+from tfgpt2.encoder import default_encoder, get_encoder
 from tfgpt2.sample import sample_sequence
 
 pytestmark = pytest.mark.slow  # the sample scripts in fresh processes
@@ -147,7 +147,9 @@ def test_interactive_ctrl_c_ends_it_without_a_traceback(tiny_dir):
 
 NONSENSE = [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "-1"), ("--top_p", "nan"),
             ("--top_p", "1.5"), ("--top_k", "-3"), ("--top_k", "2.5"), ("--nsamples", "-1"),
-            ("--batch_size", "0"), ("--length", "0"), ("--length", "ten"), ("--seed", "-1"), ("--seed", "1e3")]
+            ("--batch_size", "0"), ("--length", "0"), ("--length", "ten"), ("--seed", "-1"), ("--seed", "1e3"),
+            ("--min_p", "1.5"), ("--min_p", "nan"), ("--repetition_penalty", "0"), ("--presence_penalty", "-1"),
+            ("--frequency_penalty", "inf"), ("--logit_bias", "5"), ("--logit_bias", "5=nan"), ("--logit_bias", "x=1")]
 
 
 def flags(model_dir, *args):
@@ -199,3 +201,39 @@ def test_a_bad_model_folder_is_named_in_one_line(tiny_dir, tmp_path, signals):
             script.main(flags(str(folder), "--nsamples", "1", "--length", "2"))
         assert exit.value.code == f"error: {folder / 'hparams.json'}: missing n_layer; a GPT-2 hparams.json sets " \
                                   "all of n_vocab, n_ctx, n_embd, n_head, n_layer"
+
+
+def test_a_sample_is_printed_as_it_is_generated(tmp_path):
+    """The unconditional script prints a sample as it comes: its banner and the first of its
+    text are read from the child's stdout while it still generates the rest (a tiny model with
+    a window of 128, so that one sample takes a while)."""
+    from tfgpt2.hparams import default_hparams
+    from tfgpt2.testing.checkpoints import make_checkpoint
+    hparams = default_hparams().override_from_dict(dict(TINY, n_ctx=128))
+    folder = str(make_checkpoint(str(tmp_path / "long"), hparams, std=0.3, seed=1))
+    with subprocess.Popen(command(UNCONDITIONAL, folder, "--nsamples", "1", "--length", "120", "--top_k", "1",
+                                  "--repetition_penalty", "1.2"), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as child:
+        first = b""
+        while first.count(b"\n") < 1 or first.endswith(b"=\n"):  # the banner, then some text
+            chunk = os.read(child.stdout.fileno(), 1 << 16)
+            assert chunk, child.stderr.read().decode()[-2000:]
+            first += chunk
+        running = child.poll() is None
+        rest, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err.decode()[-2000:]
+    ((number, text),) = samples((first + rest).decode())
+    assert number == 1 and running
+    assert len(first) < len((first + rest)) / 2, "the sample came at once"
+
+
+def test_streamed_text_keeps_characters_whole():
+    """Pieces of tokens that split a character's bytes: each character is printed once, whole."""
+    from tfgpt2.cli.common import texts
+    enc = default_encoder()
+    text = "naïve 日本語 🤖 done"
+    tokens = enc.encode(text)
+    assert len(tokens) > len(text.split())  # some character spans tokens
+    pieces = list(texts(enc, [[t] for t in tokens]))
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    assert "".join(texts(enc, [tokens[:3], tokens[3:]])) == enc.decode(tokens)

@@ -8,9 +8,12 @@ once per prompt. Nothing here sorts the vocabulary: on a CPU a sort of 50,257 lo
 about 10 ms per row, so the k-th largest logit and the nucleus threshold are found by
 bisection, and tokens are drawn by inverse CDF.
 """
+import numbers
+
 import numpy as np
 import tensorflow as tf
 
+from .decoding.controls import aligned_stops, check_controls
 from .decoding.loop import generator_for
 from .decoding.plan import check_request, integer, plan, prompt_rows, real
 from .encoder import EOT_TOKEN
@@ -73,6 +76,14 @@ def top_p_logits(logits, p):
     return tf.cond(tf.cast(p, tf.float32) < 1, _top_p, lambda: logits)
 
 
+def min_p_logits(logits, min_p):
+    """Keep the tokens whose probability is >= min_p [batch] times the row's largest (the
+    rest become -1e10); min_p 0 keeps all, 1 the most likely tokens only."""
+    probs = tf.nn.softmax(logits, axis=-1)
+    keep = probs >= min_p[:, None] * tf.reduce_max(probs, axis=-1, keepdims=True)
+    return tf.where(keep, logits, tf.cast(FILTERED, logits.dtype))
+
+
 @tf.function(jit_compile=True)
 def _uniform(n, seed):
     """n stateless uniforms for `seed` (a pair), always computed by XLA: TensorFlow's own
@@ -80,17 +91,20 @@ def _uniform(n, seed):
     return tf.random.stateless_uniform([n], seed=seed, alg="philox")
 
 
-def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True)):
+def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True), min_p=None):
     """One token per row: greedy at temperature 0, else drawn from softmax(logits / T) after
-    top-k then top-p, by inverse CDF with a stateless uniform (`seed` is a pair). `filters`
-    (Python bools: top-k, top-p) leaves a filter out of the graph where the request cannot use
-    it (top_k 0, top_p 1), as the original's `top_k_logits` returns at once for k=0."""
+    top-k, top-p, then min-p (`min_p` [batch], None for none), by inverse CDF with a stateless
+    uniform (`seed` is a pair). `filters` (Python bools: top-k, top-p) leaves a filter out of
+    the graph where the request cannot use it (top_k 0, top_p 1), as the original's
+    `top_k_logits` returns at once for k=0."""
     def draw():
         filtered = logits / temperature
         if filters[0]:
             filtered = top_k_logits(filtered, top_k)
         if filters[1]:
             filtered = top_p_logits(filtered, top_p)
+        if min_p is not None:
+            filtered = min_p_logits(filtered, min_p)
         weights = tf.exp(filtered - tf.reduce_max(filtered, axis=-1, keepdims=True))
         cdf = tf.cumsum(weights, axis=-1)
         u = _uniform(tf.shape(cdf)[0], seed) * cdf[:, -1]
@@ -102,14 +116,27 @@ def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True)):
 # ---- the library's entry points ---------------------------------------------------------
 
 def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
-             stop_at_eot=False, eot=EOT_TOKEN, jit_compile=True, progress=None, chunk=32):
+             stop_at_eot=False, eot=EOT_TOKEN, jit_compile=True, progress=None, chunk=32,
+             logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+             min_p=0.0, stop=None, stream=False):
     """Continue each prompt (a list of token lists, lengths may differ) by up to `length`
     tokens. Returns a list of 1-D arrays, each prompt + its new tokens (cut after `eot`
     where `stop_at_eot`). Each row is generated as if alone (left padding, an attention mask,
     positions counted per row). With `progress`, a callable, the loop runs `chunk` tokens at
     a time and `progress(n)` is told the number of new tokens so far after each piece.
 
+    The controls, applied at each step in this order (docs/generation.md): `logit_bias` {token
+    id: value added to its logit; -inf or <= -100 bans it}, `repetition_penalty` (CTRL's, over
+    the prompt and the new tokens; 1 is off), `presence_penalty` and `frequency_penalty`
+    (OpenAI's, over the new tokens), then temperature, top-k, top-p and `min_p`; `stop`, a list
+    of token lists: a row ends as soon as its new tokens end with one, which is left out.
+
+    `stream=True` returns an iterator instead, yielding every `chunk` steps a list of each
+    row's new tokens since the last yield; joined, they are the new tokens of the call without
+    it (a row's last tokens are held back while they could still begin a stop sequence).
+
     Samples depend on `seed` and on the row's place in the batch, not on XLA (`jit_compile`).
+    This is the `model.generate` of the issue tracker and of other libraries.
     """
     hp = model.hparams
     prompts = prompt_rows(prompts)
@@ -118,6 +145,7 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     temperature, top_p = real("temperature", temperature), real("top_p", top_p)
     seed = np.random.randint(2**31) if seed is None else integer("seed", seed, low=0, high=2**63)
     eot = integer("eot", eot, low=0, high=hp.n_vocab)
+    chunk = integer("chunk", chunk, low=1)
     lengths = np.array([len(p) for p in prompts])
     longest = int(lengths.max(initial=0))
     ids = np.zeros([len(prompts), max(longest, 1)], np.int64)
@@ -126,6 +154,9 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     check_request(tf.constant(ids), tf.constant(lengths, tf.int32), tf.constant(min(max(length, -2**31), 2**31 - 1)),
                   tf.constant(temperature, tf.float32), tf.constant(min(top_k, 2**31 - 1)),
                   tf.constant(top_p, tf.float32), hparams=hp)
+    controls = _controls(hp.n_vocab, len(prompts), logit_bias=logit_bias, repetition_penalty=repetition_penalty,
+                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, min_p=min_p,
+                         stop=stop)
 
     prompt_len, total = (int(n) for n in plan(longest, length, hp.n_ctx))
     padded = np.zeros([len(prompts), prompt_len], np.int32)
@@ -134,33 +165,102 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     pad = tf.constant(prompt_len - lengths, tf.int32)
     options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
                tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(bool(stop_at_eot)),
-               (top_k != 0, top_p < 1))
+               (top_k != 0, top_p < 1)) + ((controls,) if controls else ())
     generator = generator_for(model, choose, jit_compile=jit_compile)
-    weights = generator.weights_for(length, len(prompts))
-    buffer = tf.zeros([len(prompts), total], tf.int32)
+    args = (generator.weights_for(length, len(prompts)), tf.constant(padded), pad,
+            tf.zeros([len(prompts), total], tf.int32))
+    cut = lambda tokens, new: [tokens[row, prompt_len - len(p):prompt_len + new[row]]  # noqa: E731
+                               for row, p in enumerate(prompts)]
+    if stream:
+        held = int(controls["stop"].shape[-1]) - 1 if "stop" in controls else 0
+        return _streamed(_pieces(generator, args, prompt_len, length, chunk, options, progress), prompt_len, held)
     if progress is None:
-        tokens, new = generator.generate_padded(weights, tf.constant(padded), pad, buffer, tf.constant(length),
-                                                *options)
-    else:
-        state = generator.start(weights, tf.constant(padded), pad, buffer, *options)
-        while int(state["i"]) < length and not bool(tf.reduce_all(state["done"])):
-            progress(int(state["i"]))
-            until = tf.constant(min(int(state["i"]) + chunk, length))
-            state = generator.resume(weights, state, pad, tf.constant(prompt_len), until, *options)
-        progress(int(state["i"]))
-        tokens, new = state["tokens"], state["lengths"]
-    tokens, new = tokens.numpy(), new.numpy()
-    return [tokens[row, prompt_len - len(p):prompt_len + new[row]] for row, p in enumerate(prompts)]
+        tokens, new = generator.generate_padded(*args, tf.constant(length), *options)
+        return cut(tokens.numpy(), new.numpy())
+    for state, _ in _pieces(generator, args, prompt_len, length, chunk, options, progress):
+        pass
+    return cut(state["tokens"].numpy(), state["lengths"].numpy())
+
+
+def _pieces(generator, args, prompt_len, length, chunk, options, progress):
+    """Run the loop `chunk` new tokens at a time: yields (the loop's state, whether it is the
+    last), telling `progress` (if any) the count of new tokens before and after each piece."""
+    state = generator.start(*args, *options)
+    while True:
+        i = int(state["i"])
+        if progress is not None:
+            progress(i)
+        if i >= length or bool(tf.reduce_all(state["done"])):
+            return
+        state = generator.resume(args[0], state, args[2], tf.constant(prompt_len),
+                                 tf.constant(min(i + chunk, length)), *options)
+        yield state, int(state["i"]) >= length or bool(tf.reduce_all(state["done"]))
+
+
+def _streamed(pieces, prompt_len, held):
+    """Each row's new tokens since the last piece, piece by piece; the last `held` tokens of a
+    running row wait until they cannot be part of a stop sequence any more."""
+    sent = None
+    for state, last in pieces:
+        tokens, new, done = (state[k].numpy() for k in ("tokens", "lengths", "done"))
+        sent = np.zeros_like(new) if sent is None else sent
+        ready = np.where(done | last, new, np.maximum(sent, new - held))
+        yield [tokens[row, prompt_len + sent[row]:prompt_len + ready[row]] for row in range(len(new))]
+        sent = ready
+
+
+def _controls(n_vocab, batch, *, logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_p, stop):
+    """The controls a request uses, as the loop takes them (`decoding.controls`), once checked
+    (ValueError naming the argument)."""
+    controls = {}
+    if logit_bias:
+        if not hasattr(logit_bias, "items"):
+            raise ValueError(f"logit_bias must be a mapping of token id to value, got {type(logit_bias).__name__}")
+        bias = np.zeros([n_vocab], np.float32)
+        for token, value in logit_bias.items():
+            bias[integer("logit_bias token id", token, low=0, high=n_vocab)] = real("logit_bias value", value)
+        controls["bias"] = tf.constant(np.tile(bias, [batch, 1]))
+    named = dict(repetition=("repetition_penalty", repetition_penalty, 1.0),
+                 presence=("presence_penalty", presence_penalty, 0.0),
+                 frequency=("frequency_penalty", frequency_penalty, 0.0), min_p=("min_p", min_p, 0.0))
+    values = {key: real(name, value) for key, (name, value, _) in named.items()}
+    for key, (_, _, off) in named.items():
+        if not values[key] == off:  # NaN included, to be refused
+            controls[key] = tf.fill([batch], values[key])
+    if {"presence", "frequency"} & set(controls):  # one control in the loop, as OpenAI's formula
+        controls.update((key, tf.fill([batch], values[key])) for key in ("presence", "frequency"))
+    if stop:
+        controls["stop"] = _stops(stop, n_vocab, batch)
+    check_controls(controls, n_vocab)
+    if "stop" in controls:
+        controls["stop"] = aligned_stops(controls["stop"])
+    return controls
+
+
+def _stops(stop, n_vocab, batch):
+    """Stop sequences (token lists) as [batch, S, L] padded with -1, as `check_controls` takes them."""
+    if isinstance(stop, (str, bytes)) or not hasattr(stop, "__len__"):
+        raise ValueError("stop must be a list of token lists (encode strings with the encoder)")
+    rows = []
+    for n, sequence in enumerate(stop):
+        if isinstance(sequence, (str, bytes, numbers.Number)) or not hasattr(sequence, "__len__") or not len(sequence):
+            raise ValueError(f"stop sequence {n} must be a non-empty list of token ids, got {sequence!r}")
+        rows.append([integer(f"stop sequence {n} token id", t, low=0, high=n_vocab) for t in sequence])
+    dense = np.full([len(rows), max(map(len, rows))], -1, np.int32)
+    for n, row in enumerate(rows):
+        dense[n, :len(row)] = row
+    return tf.constant(np.tile(dense[None], [batch, 1, 1]))
 
 
 def sample_sequence(*, model, length, start_token=None, batch_size=None, context=None,
                     temperature=1, top_k=0, top_p=1, seed=None, stop_at_eot=False, jit_compile=True,
-                    progress=None):
+                    progress=None, stream=False, **controls):
     """The original's `sample_sequence`: returns context + `length` sampled tokens as an array
     [batch, context_len + length], for `context` [batch, context_len] or `start_token` and
     `batch_size`. Works for any batch size (the original fails above 1) and at temperature 0
     (greedy). A `context` whose rows differ in length gives a list of arrays instead; so does
-    `stop_at_eot`, whose rows end after their first `<|endoftext|>`. `progress`: see `generate`.
+    `stop_at_eot` or a `stop` control, whose rows may end early. `progress`, `stream` and the
+    controls (`logit_bias`, `repetition_penalty`, ..., `stop`): see `generate`.
     """
     if (start_token is None) == (context is None):
         raise ValueError("Specify exactly one of start_token and context!")
@@ -170,6 +270,9 @@ def sample_sequence(*, model, length, start_token=None, batch_size=None, context
             raise ValueError("start_token needs batch_size")
         context = [[start_token]] * batch_size
     rows = generate(model, list(context), length, temperature=temperature, top_k=top_k, top_p=top_p,
-                    seed=seed, stop_at_eot=stop_at_eot, jit_compile=jit_compile, progress=progress)
-    same = len({len(r) for r in rows}) == 1 and not stop_at_eot
+                    seed=seed, stop_at_eot=stop_at_eot, jit_compile=jit_compile, progress=progress,
+                    stream=stream, **controls)
+    if stream:
+        return rows
+    same = len({len(r) for r in rows}) == 1 and not stop_at_eot and not controls.get("stop")
     return np.stack(rows) if same else rows

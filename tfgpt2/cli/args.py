@@ -11,16 +11,30 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def ranged(kind, low, high=None):
-    """An argparse type: a finite `kind` (int or float) from `low` to `high` (no limit if None)."""
+def ranged(kind, low, high=None, *, above=False):
+    """An argparse type: a finite `kind` (int or float) from `low` (or, `above`, more than it)
+    to `high` (no limit if None)."""
     def convert(text):
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value) or value < low or (high is not None and value > high):
+        if (value is None or not math.isfinite(value) or value < low or (above and value == low)
+                or (high is not None and value > high)):
             what = "an integer" if kind is int else "a number"
-            bounds = f">= {low}" if high is None else f"from {low} to {high}"
+            bounds = f"{'>' if above else '>='} {low}" if high is None else f"from {low} to {high}"
             raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text!r}")
         return value
     return convert
+
+
+def token_value(text):
+    """An argparse type: ID=VALUE, a token id and a number (-inf allowed), as (id, value)."""
+    token, _, value = text.partition("=")
+    try:
+        token, value = int(token), float(value)
+    except ValueError:
+        token = None
+    if token is None or token < 0 or math.isnan(value) or value == math.inf:
+        raise argparse.ArgumentTypeError(f"must be TOKEN_ID=VALUE (a token id, a number or -inf), got {text!r}")
+    return token, value

@@ -2,6 +2,7 @@
 model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loading, sampling
 one batch, printing a sample, and ending without a traceback."""
 import argparse
+import codecs
 import os
 import signal
 import sys
@@ -10,7 +11,7 @@ import time
 from tqdm import tqdm
 
 from ..hparams import find_model_dir, load_hparams
-from .args import Parser, ranged
+from .args import Parser, ranged, token_value
 
 DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]  # Keras dtype policies
 
@@ -90,6 +91,20 @@ def parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=No
     p.add_argument("--top_p", type=ranged(float, 0, 1), default=1.0,
                    help="nucleus sampling: from the most likely tokens whose probabilities add up to p; "
                         "1 (default) means no limit")
+    p.add_argument("--min_p", type=ranged(float, 0, 1), default=0.0,
+                   help="keep the tokens at least min_p times as likely as the most likely one (after top-k "
+                        "and top-p); 0 (default) keeps all, 0.05 to 0.1 are usual")
+    p.add_argument("--repetition_penalty", type=ranged(float, 0, above=True), default=1.0,
+                   help="CTRL's penalty on every token of the prompt and the sample so far: 1 (default) is off, "
+                        "1.2 a usual value")
+    p.add_argument("--presence_penalty", type=ranged(float, 0), default=0.0,
+                   help="OpenAI's: subtracted from the logit of each token the sample already has (default 0)")
+    p.add_argument("--frequency_penalty", type=ranged(float, 0), default=0.0,
+                   help="OpenAI's: subtracted from a token's logit once per time the sample has it (default 0)")
+    p.add_argument("--logit_bias", type=token_value, action="append", metavar="TOKEN_ID=VALUE",
+                   help="add VALUE to the token's logit; -100 or -inf bans it (repeat the flag for more tokens)")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end a sample where it generates TEXT's tokens, leaving them out (repeat the flag for more)")
     p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
     p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
@@ -113,29 +128,79 @@ def load(args, default_length):
     return model, enc, default_length(n_ctx) if args.length is None else args.length
 
 
-def sample_batch(model, enc, args, length, context, batch):
-    """The texts generated after `context` (token ids), one per row of the batch. With --seed,
-    batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
+def controls(args, enc, n_vocab):
+    """The generation controls of the flags, as `tfgpt2.generate` takes them; exits with a
+    message naming a flag whose value the model cannot use."""
+    bias = dict(args.logit_bias or [])
+    if any(token >= n_vocab for token in bias):
+        sys.exit(f"error: --logit_bias: token ids must be below n_vocab={n_vocab}, got {max(bias)}")
+    if "" in (args.stop or []):
+        sys.exit("error: --stop: the text is empty")
+    return dict(logit_bias=bias, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty, min_p=args.min_p,
+                stop=[enc.encode(text) for text in args.stop or []])
+
+
+def print_batch(model, enc, args, length, context, batch, first, count):
+    """Generate a batch of samples after `context` (token ids) and print the first `count`,
+    numbered from `first`: the first one as it is generated (flushed every few tokens, a
+    character split across tokens printed once whole), the others once the batch is done.
+    With --seed, batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
     from ..sample import sample_sequence
+    rows = [[] for _ in range(args.batch_size)]
     with Progress(args.quiet).bar(length, unit="token", position=1) as bar:
-        out = sample_sequence(
+        pieces = sample_sequence(
             model=model, length=length, context=[context] * args.batch_size,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
-            progress=None if bar.disable else lambda n: bar.update(n - bar.n))
-    return [enc.decode(row[len(context):]) for row in out]
+            progress=None if bar.disable else lambda n: bar.update(n - bar.n), stream=True, chunk=STREAM_EVERY,
+            **controls(args, enc, model.hparams.n_vocab))
+
+        def first_row():  # each piece's first row, all rows kept on the way
+            for piece in pieces:
+                for row, new in zip(rows, piece):
+                    row.extend(new.tolist())
+                yield piece[0]
+        write(banner(first) + "\n")
+        for text in texts(enc, first_row()):
+            write(text)
+        write("\n")
+    for n, row in enumerate(rows[1:count], first + 1):
+        show(n, enc.decode(row))
+
+
+def texts(enc, pieces):
+    """The text of each piece of a row's tokens, in order; a character whose bytes two pieces
+    share comes whole with the later one. Joined, the text of the whole row."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors=enc.errors)
+    for piece in pieces:
+        yield decoder.decode(enc.encoding.decode_bytes(list(piece)))
+    yield decoder.decode(b"", final=True)
+
+
+STREAM_EVERY = 8  # tokens between the prints of a sample as it is generated
+
+
+def write(text):
+    """Print text past the progress bars (on stderr), at once."""
+    with tqdm.external_write_mode(file=sys.stdout):
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def progress(args, total):
     """A bar counting samples on stderr, shown only where stderr is a terminal and without
-    --quiet (beneath it, `sample_batch` counts the tokens of each batch as they are generated)."""
+    --quiet (beneath it, `print_batch` counts the tokens of each batch as they are generated)."""
     return Progress(args.quiet).bar(total, unit="sample")
+
+
+def banner(n):
+    return "=" * 40 + " SAMPLE " + str(n) + " " + "=" * 40
 
 
 def show(n, text):
     """Print sample n under the original's banner (past the progress bar)."""
-    tqdm.write("=" * 40 + " SAMPLE " + str(n) + " " + "=" * 40 + "\n" + text)
-    sys.stdout.flush()
+    write(banner(n) + "\n" + text + "\n")
 
 
 def end_at_once():

@@ -19,7 +19,7 @@ The original's spelling works too, with the same flags:
 import sys
 
 from ..decoding.plan import fits
-from .common import end_at_once, load, parser, progress, sample_batch, show
+from .common import end_at_once, load, parser, print_batch, progress
 
 
 def main(argv=None, prog="tfgpt2 generate"):
@@ -45,9 +45,8 @@ def main(argv=None, prog="tfgpt2 generate"):
     generated, batch = 0, 0
     with progress(args, args.nsamples or None) as bar:
         while args.nsamples == 0 or generated < args.nsamples:
-            texts = sample_batch(model, enc, args, length, context, batch)
-            for text in texts[:args.nsamples - generated if args.nsamples else None]:
-                generated += 1
-                show(generated, text)
-                bar.update()
+            count = min(args.batch_size, args.nsamples - generated) if args.nsamples else args.batch_size
+            print_batch(model, enc, args, length, context, batch, generated + 1, count)
+            generated += count
+            bar.update(count)
             batch += 1

@@ -23,6 +23,10 @@ Resuming: each batch is appended with one write, then flushed and fsynced. A rer
 row per line number, drops a torn line (a crash mid-write) and generates only the missing
 lines; a batch partly written is generated again and only its missing rows are written.
 
+The generation controls (--min_p, --repetition_penalty, --presence_penalty,
+--frequency_penalty, --logit_bias, --stop: docs/generation.md) apply to every line; a row
+that ends with a --stop text leaves it out of "text" and "tokens".
+
 Bad lines (not a JSON object with a string "prompt", an empty prompt, a prompt whose tokens
 + --length - 1 exceed the context window) stop the run before any generation with an error
 naming the line; --skip_bad counts them on stderr and goes on.
@@ -52,7 +56,7 @@ from ..formats.files import replacing
 from ..hparams import load_hparams
 from ..sample import generate
 from .args import ranged
-from .common import Progress, encoder_of, end_at_once, load, model_dir, parser
+from .common import Progress, controls, encoder_of, end_at_once, load, model_dir, parser
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr
 
@@ -189,13 +193,14 @@ def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1,
     name = f"worker {worker}/{workers}: " if workers > 1 else ""
     if not todo:
         progress.note(f"{name}no prompts left to generate")
+    controlled = controls(args, enc, model.hparams.n_vocab)
     for b, rows in todo:
         if parent is not None and os.getppid() != parent:
             return prompts
         context = [t for _, _, t in rows]
         context += [context[0]] * (args.batch_size - len(context))  # one compiled shape per bucket
         out = generate(model, context, length, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, seed=args.seed + b, stop_at_eot=args.stop_at_eot)
+                       top_p=args.top_p, seed=args.seed + b, stop_at_eot=args.stop_at_eot, **controlled)
         new = [(n, prompt, out[i][len(t):].tolist()) for i, (n, prompt, t) in enumerate(rows) if n not in done]
         append(args.output, [dict(line=n, prompt=prompt, text=enc.decode(ids), tokens=ids) for n, prompt, ids in new])
         prompts += len(new)

@@ -19,7 +19,7 @@ import itertools
 import sys
 
 from ..decoding.plan import fits
-from .common import end_at_once, load, parser, progress, sample_batch, show
+from .common import end_at_once, load, parser, print_batch, progress
 
 
 def prompts():
@@ -57,8 +57,7 @@ def main(argv=None, prog="tfgpt2 interactive"):
             continue
         with progress(args, args.nsamples) as bar:
             for generated in range(0, args.nsamples, args.batch_size):
-                for n, text in enumerate(sample_batch(model, enc, args, length, context, batch), generated + 1):
-                    show(n, text)
+                print_batch(model, enc, args, length, context, batch, generated + 1, args.batch_size)
                 bar.update(args.batch_size)
                 batch += 1
         print("=" * 80, flush=True)

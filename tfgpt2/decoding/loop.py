@@ -3,11 +3,13 @@
 The original's `sample_sequence` as one `tf.function` (XLA when `jit_compile`): the prompt but
 its last token fills the cache, then a `tf.while_loop` feeds back one token at a time, picked
 by the `choose` it is given (`tfgpt2.sample.choose`), writing each into a token buffer, until
-`length` new tokens or every row has stopped.
+`length` new tokens or every row has stopped. The generation controls (`controls.py`) act on
+the logits before `choose` and end rows at stop sequences.
 """
 import tensorflow as tf
 
 from ..model import shape_list
+from . import controls as control
 from . import layouts
 from .cache import call_with_cache, empty_cache
 
@@ -19,7 +21,7 @@ class Generator:
     over left-padded prompts. `start` (the prompt but its last token) and `resume` (new
     tokens, up to a count) run it in pieces, to report progress between them. Each takes the
     layout of the block weights first (`weights_for`). `choose(logits, *, temperature, top_k,
-    top_p, seed, filters)` picks each row's token. `traces` counts how often any of them was
+    top_p, seed, filters, min_p)` picks each row's token. `traces` counts how often any of them was
     traced, that is compiled.
     """
 
@@ -47,9 +49,10 @@ class Generator:
     def _generate(self, weights, prompt, pad, tokens, length, *options):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
         whose width T (>= P + length) sizes the cache. `options` are temperature, top_k, top_p,
-        seed, eot, stop_at_eot and, optionally, `choose`'s filters. Returns tokens with the
-        prompt and up to `length` new tokens after it (eot after a row stops), and each row's
-        count of new tokens."""
+        seed, eot, stop_at_eot and, optionally, `choose`'s filters and the controls (a dict,
+        `decoding.controls`). Returns tokens with the prompt and up to `length` new tokens after
+        it (eot after a row stops), and each row's count of new tokens (a stop sequence it ended
+        with left out)."""
         state = self._start(weights, prompt, pad, tokens, *options)
         state = self._resume(weights, state, pad, shape_list(prompt)[1], length, *options)
         return state["tokens"], state["lengths"]
@@ -62,9 +65,11 @@ class Generator:
         cache = empty_cache(self.model, batch, shape_list(tokens)[1])
         if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `plan.plan`
             _, cache = call_with_cache(self.model, prompt[:, :-1], cache, 0, pad=pad, layouts=weights)
+        controls = options[7] if len(options) > 7 else {}
         return dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
                     tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
-                    done=tf.zeros([batch], tf.bool), lengths=tf.zeros([batch], tf.int32))
+                    done=tf.zeros([batch], tf.bool), lengths=tf.zeros([batch], tf.int32),
+                    **control.start_state(controls, prompt, pad, self.model.hparams.n_vocab))
 
     def _resume(self, weights, state, pad, prompt_len, until, *options):
         """Generate from `state` until `until` new tokens, or until every row has stopped."""
@@ -78,16 +83,22 @@ class Generator:
         return tf.while_loop(cond, body, (state,))[0]
 
     def _pick(self, state, logits, prompt_len, temperature, top_k, top_p, seed, eot, stop_at_eot,
-              filters=(True, True)):
-        """New token number i (eot for rows already stopped), written after the prompt."""
-        i, done = state["i"], state["done"]
-        token = self.choose(logits, temperature=tf.cast(temperature, tf.float32), top_k=top_k, top_p=top_p,
-                            seed=tf.stack([seed, tf.cast(i, tf.int64)]), filters=filters)
+              filters=(True, True), controls=None):
+        """New token number i (eot for rows already stopped), written after the prompt; a row
+        whose new tokens end with a stop sequence stops, its length cut before it."""
+        i, done, controls = state["i"], state["done"], controls or {}
+        token = self.choose(control.adjusted(logits, controls, state), temperature=tf.cast(temperature, tf.float32),
+                            top_k=top_k, top_p=top_p, seed=tf.stack([seed, tf.cast(i, tf.int64)]),
+                            filters=filters, min_p=controls.get("min_p"))
         token = tf.where(done, eot, token)
         tokens = tf.tensor_scatter_nd_update(state["tokens"], _column(token, prompt_len + i), token)
-        return dict(state, i=i + 1, token=token, tokens=tokens,
-                    lengths=state["lengths"] + tf.cast(tf.logical_not(done), tf.int32),
-                    done=tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot))))
+        lengths = state["lengths"] + tf.cast(tf.logical_not(done), tf.int32)
+        stopped = tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot)))
+        if "stop" in controls:
+            cut = tf.where(done, 0, control.stop_length(tokens, prompt_len, prompt_len + i + 1, controls["stop"]))
+            lengths, stopped = lengths - cut, tf.logical_or(stopped, cut > 0)
+        state = control.counted(state, token, tf.logical_not(done))
+        return dict(state, i=i + 1, token=token, tokens=tokens, lengths=lengths, done=stopped)
 
 
 def _column(values, index):

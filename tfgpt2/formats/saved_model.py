@@ -10,6 +10,13 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
   `instances` format sends -> `output_ids` int32 [batch, time + max_new_tokens] (the input as
   given, then the new tokens, `eot` after a row stops) and `lengths` int32 [batch], the new
   tokens per row (fewer than max_new_tokens only where the export stops at eot).
+- `generate_with_controls`: the inputs of `generate`, then the generation controls
+  (`decoding.controls`, docs/generation.md), all required (a signature has no defaults; these
+  values leave a control off): `logit_bias` float32 [n_vocab] or [batch, n_vocab] (zeros),
+  `repetition_penalty` (1), `presence_penalty` (0), `frequency_penalty` (0), `min_p` (0), each
+  float32, a scalar or [batch], and `stop` int32 [S, L] or [batch, S, L] (shape [0, 1]): stop
+  sequences, each padded with -1 at its end (a row of -1 only is no sequence). Same outputs;
+  `lengths` leaves out a stop sequence a row ended with.
 
 `generate` runs the library's planner and checks (`decoding.plan`) as graph ops before the
 XLA-compiled loop (`decoding.loop`; XLA would clamp bad ids silently), which XLA compiles once
@@ -26,6 +33,7 @@ import os
 import tensorflow as tf
 
 from ..decoding import layouts
+from ..decoding.controls import aligned_stops, check_controls
 from ..decoding.loop import Generator
 from ..decoding.plan import check_request, plan
 from ..encoder import EOT_TOKEN
@@ -35,6 +43,9 @@ from .files import new_folder
 
 SCALARS = {"max_new_tokens": tf.int32, "temperature": tf.float32, "top_k": tf.int32,
            "top_p": tf.float32, "seed": tf.int64}
+CONTROLS = {"logit_bias": ("bias", tf.float32, 1), "repetition_penalty": ("repetition", tf.float32, 0),
+            "presence_penalty": ("presence", tf.float32, 0), "frequency_penalty": ("frequency", tf.float32, 0),
+            "min_p": ("min_p", tf.float32, 0), "stop": ("stop", tf.int32, 2)}  # name: (key, dtype, rank of a row's)
 IDS = tf.TensorSpec([None, None], tf.int32, name="input_ids")
 MASK = tf.TensorSpec([None, None], tf.int32, name="attention_mask")
 
@@ -53,6 +64,17 @@ def _one_value(x, name):
     if x.dtype.is_floating:
         same = tf.logical_or(same, tf.logical_and(tf.math.is_nan(flat), tf.math.is_nan(flat[0])))
     return _after(flat[0], tf.debugging.Assert(tf.reduce_all(same), [f"{name} must be the same for every row"]))
+
+
+def _per_row(x, batch, rank, name):
+    """x [batch, ...] from a row's value (rank `rank`, the same for every row) or one per row."""
+    x = _after(x, tf.debugging.assert_rank_in(x, [rank, rank + 1], message=(
+        f"{name} must have rank {rank} (every row) or {rank + 1} (one per row)")))
+    x = tf.reshape(x, tf.concat([tf.ones([rank + 1 - tf.rank(x)], tf.int32), tf.shape(x)], 0))
+    rows = tf.shape(x)[0]
+    x = _after(x, tf.debugging.Assert(tf.logical_or(tf.equal(rows, 1), tf.equal(rows, batch)),
+                                      [f"{name} must have one value per row or one for all", rows]))
+    return tf.ensure_shape(tf.broadcast_to(x, tf.concat([[batch], tf.shape(x)[1:]], 0)), [None] * (rank + 1))
 
 
 class Serving(tf.Module):
@@ -78,18 +100,35 @@ class Serving(tf.Module):
 
     @tf.function(input_signature=[IDS, MASK] + [tf.TensorSpec(None, d, name=n) for n, d in SCALARS.items()])
     def generate(self, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, seed):
+        return self._generate(input_ids, attention_mask, [max_new_tokens, temperature, top_k, top_p, seed])
+
+    @tf.function(input_signature=[IDS, MASK] + [tf.TensorSpec(None, d, name=n) for n, d in SCALARS.items()]
+                 + [tf.TensorSpec(None, d, name=n) for n, (_, d, _) in CONTROLS.items()])
+    def generate_with_controls(self, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, seed,
+                               logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_p, stop):
+        batch = tf.shape(input_ids)[0]
+        controls = {key: _per_row(x, batch, rank, name) for x, (name, (key, _, rank)) in zip(
+            [logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_p, stop], CONTROLS.items())}
+        return self._generate(input_ids, attention_mask, [max_new_tokens, temperature, top_k, top_p, seed], controls)
+
+    def _generate(self, input_ids, attention_mask, options, controls=None):
         generator = self._generator
-        options = [_one_value(x, name) for x, name in
-                   zip([max_new_tokens, temperature, top_k, top_p, seed], SCALARS)]
+        options = [_one_value(x, name) for x, name in zip(options, SCALARS)]
         input_ids = _rank_2(input_ids)
         prompt, real = self._prompts(input_ids, _rank_2(attention_mask))
         checks = check_request(prompt, real, *options[:4], hparams=generator.model.hparams)
+        if controls is not None:
+            checks += check_controls(controls, generator.model.hparams.n_vocab)
+            controls = {key: _after(x, *checks) for key, x in controls.items()}
+            controls["stop"] = aligned_stops(controls["stop"])
         max_new_tokens, temperature, top_k, top_p, seed = (_after(x, *checks) for x in options)
         prompt, real = _after(prompt, *checks), _after(real, *checks)
         prompt_len, total = plan(tf.reduce_max(real), max_new_tokens, generator.model.hparams.n_ctx, one_alone=False)
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
         args = (prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
                 temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
+        if controls is not None:
+            args += ((True, True), controls)
         if self._cpu:
             tokens, lengths = tf.cond(layouts.transpose_pays(max_new_tokens, cpu=True),
                                       lambda: generator.generate_padded(generator.transposed(), *args),
@@ -139,8 +178,8 @@ def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot
         else model_dir_or_model
     module = Serving(model, stop_at_eot=stop_at_eot, eot=eot)
     with new_folder(target) as tmp:
-        tf.saved_model.save(module, tmp, signatures={"serving_default": module.logits,
-                                                     "generate": module.generate})
+        tf.saved_model.save(module, tmp, signatures={"serving_default": module.logits, "generate": module.generate,
+                                                     "generate_with_controls": module.generate_with_controls})
     return target
 
 

@@ -1,0 +1,219 @@
+"""The generation controls (tfgpt2/decoding/controls.py): logit bias, repetition, presence and
+frequency penalties, min-p, stop sequences and streaming, against a plain NumPy loop over the
+model's logits written here, against Hugging Face's processors where installed, and their
+checks."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.test_sample import chi_square, filtered_softmax, prompts_for
+from tfgpt2 import load_model
+from tfgpt2.decoding import controls as control
+from tfgpt2.decoding.loop import generator_for
+from tfgpt2.sample import choose, generate, min_p_logits, sample_sequence
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def last_logits(tiny):
+    """The model's float32 logits after the last token of one row, by a plain forward pass
+    (`model(X)`, no cache), compiled once for any row length."""
+    spec = tf.TensorSpec([1, None], tf.int32)
+    f = tf.function(lambda x: tiny(x)["logits"][0, -1], input_signature=[spec])
+    return lambda row: f(tf.constant([row], tf.int32)).numpy()
+
+
+def reference_logits(logits, prompt, new, *, logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0,
+                     frequency_penalty=0.0, **_):
+    """The semantics of the controls that act on logits, one row, in float32."""
+    logits = logits.astype(np.float32).copy()
+    for token, value in (logit_bias or {}).items():
+        logits[token] += np.float32(-np.inf if value <= -100 else value)
+    if repetition_penalty != 1.0:
+        seen = sorted(set(prompt) | set(new))
+        p = np.float32(repetition_penalty)
+        logits[seen] = np.where(logits[seen] > 0, logits[seen] / p, logits[seen] * p)
+    counts = np.bincount(np.asarray(new, np.int64), minlength=len(logits)).astype(np.float32)
+    return logits - (np.float32(frequency_penalty) * counts + np.float32(presence_penalty) * (counts > 0))
+
+
+def reference_greedy(last_logits, prompt, length, stop=(), **controls):
+    """Greedy decoding of one row alone; a row whose new tokens end with a stop sequence ends,
+    without it (the longest, where several match)."""
+    new = []
+    for _ in range(length):
+        new.append(int(np.argmax(reference_logits(last_logits(list(prompt) + new), prompt, new, **controls))))
+        ends = [len(s) for s in stop if new[-len(s):] == list(s)]
+        if ends:
+            return list(prompt) + new[:-max(ends)]
+    return list(prompt) + new
+
+
+PROMPTS = prompts_for(11, [3, 7, 5])
+LENGTH = 12
+
+
+@pytest.fixture(scope="module")
+def free(tiny):
+    """Greedy rows without controls."""
+    return [row.tolist() for row in generate(tiny, PROMPTS, LENGTH, temperature=0)]
+
+
+def request(name, free):
+    """Controls that change greedy rows of the tiny model (checked by the test)."""
+    new = [row[len(p):] for row, p in zip(free, PROMPTS)]
+    stop = [new[1][4:6], [new[2][3]], [7, 7, 7]]  # row 1 at its 6th new token, row 2 at its 4th
+    return dict(
+        bias=dict(logit_bias={new[0][2]: -100, new[1][0]: float("-inf"), 318: 6.0, 1000: -3.5}),
+        repetition=dict(repetition_penalty=3.0),
+        presence=dict(presence_penalty=4.0),
+        frequency=dict(frequency_penalty=2.5),
+        min_p=dict(min_p=0.3),
+        stop=dict(stop=stop),
+        all=dict(logit_bias={318: 4.0, new[0][1]: -100}, repetition_penalty=1.7, presence_penalty=1.5,
+                 frequency_penalty=0.5, min_p=0.2, stop=stop),
+    )[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bias", "repetition", "presence", "frequency", "min_p", "stop", "all"])
+def test_greedy_rows_match_a_numpy_loop(tiny, last_logits, free, name):
+    """Batch 3, prompts of 3, 7 and 5 tokens (left-padded): greedy tokens equal to the NumPy
+    loop's over the uncached logits, for each control alone and all together (XLA for those,
+    the same loop without XLA for each alone, which traces faster)."""
+    controls = request(name, free)
+    rows = generate(tiny, PROMPTS, LENGTH, temperature=0, jit_compile=name == "all", **controls)
+    for row, (ours, prompt) in enumerate(zip(rows, PROMPTS)):
+        assert ours.tolist() == reference_greedy(last_logits, prompt, LENGTH, **controls), f"row {row}"
+    if name != "min_p":  # greedy takes the most likely token, which min-p always keeps
+        assert [r.tolist() for r in rows] != free, "the control changed nothing: the test shows nothing"
+    if name == "stop":
+        assert [len(r) - len(p) for r, p in zip(rows, PROMPTS)] == [LENGTH, 4, 3]
+
+
+def test_controls_match_transformers_processors():
+    """Hugging Face's RepetitionPenaltyLogitsProcessor and MinPLogitsWarper on the same logits."""
+    torch = pytest.importorskip("torch", reason="the optional transformers comparison needs torch")
+    hf = pytest.importorskip("transformers", reason="the optional comparison needs transformers")
+    rng = np.random.default_rng(3)
+    logits = (rng.normal(size=(3, 500)) * 3).astype(np.float32)
+    ids = rng.integers(0, 500, size=(3, 9))
+    seen = np.zeros([3, 500], bool)
+    np.put_along_axis(seen, ids, True, axis=1)
+    state = dict(seen=tf.constant(seen), counts=tf.zeros([3, 500], tf.int32))
+    ours = control.adjusted(tf.constant(logits), dict(repetition=tf.fill([3], 1.8)), state).numpy()
+    theirs = hf.RepetitionPenaltyLogitsProcessor(1.8)(torch.tensor(ids), torch.tensor(logits)).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    for min_p in (0.05, 0.3, 0.9):
+        ours = min_p_logits(tf.constant(logits), tf.fill([3], min_p)).numpy()
+        theirs = hf.MinPLogitsWarper(min_p)(torch.tensor(ids), torch.tensor(logits)).numpy()
+        np.testing.assert_array_equal(ours > -1e9, np.isfinite(theirs))
+        np.testing.assert_array_equal(ours[ours > -1e9], theirs[np.isfinite(theirs)])
+
+
+@pytest.mark.slow
+def test_min_p_draws_meet_the_threshold_and_the_distribution():
+    """20,000 seeded draws with min_p: every token's probability >= min_p x the largest, and
+    the counts match the softmax renormalised over the kept tokens (chi-square, p = 0.001)."""
+    logits = np.random.default_rng(5).normal(size=60).astype(np.float32) * 1.5
+    probs = np.exp(logits.astype(np.float64) - logits.max())
+    kept = probs >= 0.15 * probs.max()
+    assert 3 <= kept.sum() < 60
+    tokens = tf.function(choose, jit_compile=True)(
+        tf.constant(np.repeat(logits[None], 20_000, axis=0)), temperature=tf.constant(1.0), top_k=tf.constant(0),
+        top_p=tf.constant(1.0), seed=tf.constant([7, 0], tf.int64), min_p=tf.fill([20_000], 0.15)).numpy()
+    assert kept[tokens].all()
+    counts = np.bincount(tokens, minlength=60)
+    df = int(kept.sum()) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3  # Wilson-Hilferty, p = 0.001
+    assert chi_square(counts, filtered_softmax(logits.astype(np.float64), kept)) < critical
+
+
+@pytest.mark.slow
+def test_streamed_chunks_join_to_the_whole_without_compiling_again(tiny, free):
+    """Sampled, with every control and a two-token stop sequence that straddles a chunk: the
+    chunks joined are the rows of the same call without streaming; other chunk sizes and
+    other values of the controls compile nothing more (stop sequences: in the same power-of-two
+    shape)."""
+    generator = generator_for(tiny, choose)
+    before = generator.traces
+    options = dict(request("all", free), seed=4, top_k=50, chunk=5)
+    unstopped = generate(tiny, PROMPTS, LENGTH, progress=lambda n: None, **dict(options, stop=[[7, 7, 7], [8], [9]]))
+    new = [row[len(p):].tolist() for row, p in zip(unstopped, PROMPTS)]
+    options["stop"] = [new[1][4:6], [new[2][3]], [7, 7, 7]]  # tokens 4 and 5 of row 1: chunks 1 and 2
+    whole = generate(tiny, PROMPTS, LENGTH, progress=lambda n: None, **options)
+    assert [len(r) - len(p) for r, p in zip(whole, PROMPTS)] == [LENGTH, 4, 3]
+    for chunk in (5, 3, 1):
+        pieces = list(generate(tiny, PROMPTS, LENGTH, stream=True, **dict(options, chunk=chunk)))
+        assert len(pieces) >= LENGTH // chunk
+        for row, (prompt, expected) in enumerate(zip(PROMPTS, whole)):
+            joined = np.concatenate([piece[row] for piece in pieces])
+            np.testing.assert_array_equal(joined, expected[len(prompt):], err_msg=f"chunk {chunk}, row {row}")
+    traced = generator.traces
+    other = dict(options, repetition_penalty=1.2, min_p=0.05, logit_bias={5: 1.0}, stop=[[5, 6], [7], [8, 9, 10]])
+    list(sample_sequence(model=tiny, context=PROMPTS, length=LENGTH, stream=True, **other))
+    assert generator.traces == traced, "another chunk size or other control values compiled again"
+    assert traced - before <= 2  # start and resume, once
+
+
+def test_defaults_leave_the_loop_as_it_was(tiny, monkeypatch):
+    """Controls at their off values ask the loop for nothing more: the same options as before."""
+    asked = []
+
+    class Loop:
+        def weights_for(self, length, batch):
+            return None
+
+        def generate_padded(self, weights, prompt, pad, tokens, length, *options):
+            asked.append(options)
+            return tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1), tf.fill([prompt.shape[0]], length)
+    monkeypatch.setattr("tfgpt2.sample.generator_for", lambda *args, **kwargs: Loop())
+    generate(tiny, [[1, 2]], 3, seed=0, logit_bias={}, repetition_penalty=1, presence_penalty=0,
+             frequency_penalty=0.0, min_p=0, stop=[])
+    generate(tiny, [[1, 2]], 3, seed=0, presence_penalty=0.5, stop=[[3]])
+    assert len(asked[0]) == 7 and asked[0][-1] == (False, False)
+    assert sorted(asked[1][-1]) == ["frequency", "presence", "stop"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(logit_bias={50257: 1.0}), "logit_bias token id must be in [0, 50257)"),
+    (dict(logit_bias={-1: 1.0}), "logit_bias token id must be in [0, 50257)"),
+    (dict(logit_bias={5: float("nan")}), "logit_bias values must be numbers < inf"),
+    (dict(logit_bias={5: float("inf")}), "logit_bias values must be numbers < inf"),
+    (dict(logit_bias={5: "1"}), "logit_bias value must be a number"),
+    (dict(logit_bias=[1, 2]), "logit_bias must be a mapping"),
+    (dict(repetition_penalty=-1.0), "repetition_penalty must be a finite number > 0"),
+    (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty must be a finite number > 0"),
+    (dict(presence_penalty=-0.5), "presence_penalty must be a finite number >= 0"),
+    (dict(frequency_penalty=float("inf")), "frequency_penalty must be a finite number >= 0"),
+    (dict(min_p=1.5), "min_p must be in [0, 1]"),
+    (dict(min_p=float("nan")), "min_p must be in [0, 1]"),
+    (dict(stop=[[]]), "stop sequence 0 must be a non-empty list"),
+    (dict(stop=[[5], [50257]]), "stop sequence 1 token id must be in [0, 50257)"),
+    (dict(stop="\n"), "stop must be a list of token lists"),
+    (dict(stop=[5, 6]), "stop sequence 0 must be a non-empty list"),
+])
+def test_bad_controls_are_refused_naming_them(tiny, kwargs, message):
+    with pytest.raises(ValueError, match=f"^{__import__('re').escape(message)}"):
+        generate(tiny, [[1, 2]], 3, **kwargs)
+
+
+def test_a_bias_that_bans_every_token_is_refused(tiny):
+    with pytest.raises(ValueError, match="logit_bias bans every token"):
+        generate(tiny, [[1, 2]], 3, logit_bias={t: -100 for t in range(50257)})
+
+
+def test_aligned_stops_end_at_the_last_column():
+    stop = tf.constant([[[5, 6, -1], [7, -1, -1], [-1, -1, -1]]], tf.int32)
+    aligned = control.aligned_stops(stop).numpy()
+    assert aligned.shape == (1, 4, 4)
+    assert aligned[0].tolist() == [[-1, -1, 5, 6], [-1, -1, -1, 7], [-1] * 4, [-1] * 4]
+    tokens = tf.constant([[9, 9, 5, 6], [9, 7, 5, 6], [5, 6, 7, 0]])
+    # row 0: the prompt is 2 tokens, so "5 6" counts; row 1: "7" ends nothing; row 2: 5 6 in the prompt
+    assert control.stop_length(tokens, 2, 4, control.aligned_stops(tf.tile(stop, [3, 1, 1]))).numpy().tolist() \
+        == [2, 2, 0]

@@ -1,0 +1,134 @@
+"""Generation controls past the original's temperature, top-k and top-p, applied inside the
+compiled loop: logit bias, repetition, presence and frequency penalties, min-p and stop
+sequences.
+
+Controls are a dict of per-row tensors holding only the controls a request uses (a dict's
+keys are part of what `tf.function` traces, so a request without them runs the loop it ran
+before they existed, and their values never cause a compile):
+
+- "bias" float32 [batch, n_vocab], added to the logits; a value <= -100 bans the token.
+- "repetition" float32 [batch]: CTRL's penalty over the tokens of the prompt and so far.
+- "presence", "frequency" float32 [batch] (together): OpenAI's penalties over the counts of
+  the tokens generated so far.
+- "min_p" float32 [batch]: applied by `sample.choose` (`min_p_logits`), after top-k and top-p.
+- "stop" int32 [batch, S, L], stop sequences right-aligned (`aligned_stops`): a row ends as
+  soon as its new tokens end with one, and the sequence is taken off the row.
+
+`check_controls` holds the checks, shared by `tfgpt2.generate` (eagerly) and the SavedModel.
+"""
+import tensorflow as tf
+
+from .plan import require
+
+BANNED = -100.0  # OpenAI's rule: a bias at or below it bans the token
+
+
+def check_controls(controls, n_vocab):
+    """The checks of the controls in `controls` (user-side names in the messages): stop
+    sequences as `aligned_stops` takes them, padded with -1 at the end of each."""
+    checks = []
+    if "bias" in controls:
+        bias = controls["bias"]
+        checks += [
+            require(tf.equal(tf.shape(bias)[-1], n_vocab), f"logit_bias must have n_vocab={n_vocab} values per row",
+                    tf.shape(bias)),
+            require(tf.logical_not(tf.math.is_nan(bias)) & (bias < float("inf")),
+                    "logit_bias values must be numbers < inf (-inf or <= -100 bans a token)",
+                    _some(bias, tf.math.is_nan(bias) | (bias == float("inf")))),
+            require(tf.reduce_any(bias > BANNED, axis=-1), "logit_bias bans every token"),
+        ]
+    if "repetition" in controls:
+        p = controls["repetition"]
+        checks.append(require(tf.math.is_finite(p) & (p > 0), "repetition_penalty must be a finite number > 0 "
+                              "(1 is off)", p))
+    for name in ("presence", "frequency"):
+        if name in controls:
+            checks.append(require(tf.math.is_finite(controls[name]) & (controls[name] >= 0),
+                                  f"{name}_penalty must be a finite number >= 0", controls[name]))
+    if "min_p" in controls:
+        p = controls["min_p"]
+        checks.append(require((p >= 0) & (p <= 1), "min_p must be in [0, 1]", p))
+    if "stop" in controls:
+        stop = controls["stop"]
+        real = stop >= 0
+        checks += [
+            require((stop >= -1) & (stop < n_vocab), f"stop token ids must be in [0, n_vocab={n_vocab}) "
+                    "(-1 pads)", _some(stop, (stop < -1) | (stop >= n_vocab))),
+            require(tf.logical_not(real[..., 1:] & tf.logical_not(real[..., :-1])),
+                    "stop sequences must be padded with -1 at their end only"),
+        ]
+    return checks
+
+
+def _some(x, where):
+    """Up to three of the values of x where `where` holds, for an error message."""
+    return tf.boolean_mask(tf.reshape(x, [-1]), tf.reshape(where, [-1]))[:3]
+
+
+def aligned_stops(stop):
+    """Stop sequences [batch, S, L] padded with -1 at the end, as [batch, S', L'] padded at the
+    start (so that each ends at the last column), S' and L' the powers of two that hold S and L
+    (XLA compiles once per such shape, not per count of stop sequences)."""
+    lengths = tf.reduce_sum(tf.cast(stop >= 0, tf.int32), axis=-1, keepdims=True)
+    width = tf.shape(stop)[-1]
+    source = tf.range(width) - (width - lengths)  # column j takes column j - (width - length)
+    aligned = tf.where(source >= 0, tf.gather(stop, tf.maximum(source, 0), batch_dims=2), -1)
+    count, longest = _power_of_two(tf.shape(stop)[1]), _power_of_two(width)
+    return tf.pad(aligned, [[0, 0], [0, count - tf.shape(stop)[1]], [longest - width, 0]], constant_values=-1)
+
+
+def _power_of_two(n):
+    return tf.cast(2 ** tf.math.ceil(tf.math.log(tf.cast(tf.maximum(n, 1), tf.float32)) / tf.math.log(2.0)), tf.int32)
+
+
+def start_state(controls, prompt, pad, n_vocab):
+    """What the penalties keep in the loop's state: "counts" [batch, n_vocab] of the tokens
+    generated so far and, for the repetition penalty, "seen": the prompt's tokens (the left
+    padding of `pad` [batch] slots left out)."""
+    if not {"repetition", "presence"} & set(controls):
+        return {}
+    batch, prompt_len = tf.shape(prompt)[0], tf.shape(prompt)[1]
+    state = dict(counts=tf.zeros([batch, n_vocab], tf.int32))
+    if "repetition" in controls:
+        rows = tf.tile(tf.range(batch)[:, None], [1, prompt_len])
+        real = tf.cast(tf.range(prompt_len)[None] >= pad[:, None], tf.int32)
+        indices = tf.reshape(tf.stack([rows, prompt], axis=-1), [-1, 2])
+        state["seen"] = tf.tensor_scatter_nd_add(state["counts"], indices, tf.reshape(real, [-1])) > 0
+    return state
+
+
+def counted(state, token, running):
+    """`state` with `token` [batch] added to the counts of the `running` rows."""
+    if "counts" not in state:
+        return state
+    rows = tf.range(tf.shape(token)[0])
+    return dict(state, counts=tf.tensor_scatter_nd_add(state["counts"], tf.stack([rows, token], axis=1),
+                                                       tf.cast(running, tf.int32)))
+
+
+def adjusted(logits, controls, state):
+    """The float32 logits [batch, n_vocab] after the bias, then the repetition penalty, then
+    the presence and frequency penalties."""
+    if "bias" in controls:
+        bias = controls["bias"]
+        logits = logits + tf.where(bias <= BANNED, float("-inf"), bias)
+    if "repetition" in controls:
+        p = controls["repetition"][:, None]
+        seen = tf.logical_or(state["seen"], state["counts"] > 0)
+        logits = tf.where(seen, tf.where(logits > 0, logits / p, logits * p), logits)
+    if "presence" in controls:
+        counts = tf.cast(state["counts"], tf.float32)
+        logits = logits - (controls["frequency"][:, None] * counts
+                           + controls["presence"][:, None] * tf.cast(counts > 0, tf.float32))
+    return logits
+
+
+def stop_length(tokens, start, end, stop):
+    """Per row, the length of the longest of the `stop` sequences (`aligned_stops`) that the new
+    tokens tokens[:, start:end] end with; 0 where none."""
+    width = tf.shape(stop)[-1]
+    columns = end - width + tf.range(width)
+    window = tf.where(columns >= start, tf.gather(tokens, tf.maximum(columns, 0), axis=1), -2)
+    match = tf.reduce_all((stop == -1) | (stop == window[:, None, :]), axis=-1)
+    lengths = tf.reduce_sum(tf.cast(stop >= 0, tf.int32), axis=-1)
+    return tf.reduce_max(tf.where(match & (lengths > 0), lengths, 0), axis=-1)
