@@ -419,16 +419,6 @@ def test_saved_model_cli_show_and_run(exported, tiny, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "lengths.npy"), [10])
 
 
-def test_124m_one_copy_of_wte_and_logits(gpt2_124m, gpt2_124m_dir, tmp_path):
-    """Loaded in this process (the tiny exports are served by TensorFlow alone above)."""
-    exported = export_saved_model(gpt2_124m, str(tmp_path / "gpt2"))
-    assert_one_copy(exported, gpt2_124m_dir)
-    tokens = ids(12, 2, 9)
-    logits = tf.saved_model.load(exported).signatures["serving_default"](input_ids=tf.constant(tokens))["logits"]
-    expected = gpt2_124m(tokens)["logits"].numpy()
-    assert np.abs(logits.numpy() - expected).max() <= ATOL
-
-
 FUZZ = """
 import collections, resource, sys
 import numpy as np

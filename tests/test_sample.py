@@ -55,10 +55,9 @@ def test_greedy_matches_reference_124m(gpt2_124m, reference_124m):
     for row in range(2):
         theirs, _ = ref.sample_sequence(context=context[row:row + 1], length=64, top_k=1, seed=0)
         np.testing.assert_array_equal(ours[row], theirs[0], err_msg=f"row {row}")
-        if row == 0:  # alone: 8 < TRANSPOSE_FROM new tokens (the plain weights), 64 (split products)
-            for n in (8, 64):
-                alone = sample_sequence(model=model, context=context[:1], length=n, top_k=1, seed=0)
-                np.testing.assert_array_equal(alone[0], theirs[0, :5 + n], err_msg=f"row 0 alone, {n} tokens")
+        if row == 0:  # alone: at batch 1, 64 >= TRANSPOSE_FROM new tokens run on the split products
+            alone = sample_sequence(model=model, context=context[:1], length=64, top_k=1, seed=0)
+            np.testing.assert_array_equal(alone[0], theirs[0], err_msg="row 0 alone")
     assert len(set(ours[0, 5:].tolist())) > 5, "degenerate continuation; weights too small?"
 
 

