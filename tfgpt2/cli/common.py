@@ -113,16 +113,32 @@ def load(args, default_length):
     return model, enc, default_length(n_ctx) if args.length is None else args.length
 
 
+def load_litert(args, default_length):
+    """`load` for a LiteRT file (--litert): the file, the shipped encoder (or --model_dir's) and
+    the number of tokens to generate."""
+    try:
+        from ..formats.litert import LiteRTModel
+        model = LiteRTModel(args.litert)
+        enc = encoder_of(args.model_dir) if args.model_dir else encoder_of(os.path.join(args.models_dir, args.model_name))
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    if args.length is not None and args.length > model.n_ctx:
+        sys.exit(f"Can't get samples longer than window size: {model.n_ctx}")
+    return model, enc, default_length(model.n_ctx) if args.length is None else args.length
+
+
 def sample_batch(model, enc, args, length, context, batch):
-    """The texts generated after `context` (token ids), one per row of the batch. With --seed,
-    batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
-    from ..sample import sample_sequence
+    """The texts generated after `context` (token ids), one per row of the batch, by the model
+    or a LiteRT file's (`formats.litert.LiteRTModel`). With --seed, batch number `batch` of the
+    run uses seed + batch: batches differ, runs repeat."""
+    from ..formats.litert import LiteRTModel, generate_litert
+    from ..sample import generate
+    run = generate_litert if isinstance(model, LiteRTModel) else generate
     with Progress(args.quiet).bar(length, unit="token", position=1) as bar:
-        out = sample_sequence(
-            model=model, length=length, context=[context] * args.batch_size,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
-            progress=None if bar.disable else lambda n: bar.update(n - bar.n))
+        out = run(model, [context] * args.batch_size, length,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
+                  progress=None if bar.disable else lambda n: bar.update(n - bar.n))
     return [enc.decode(row[len(context):]) for row in out]
 
 
