@@ -12,6 +12,9 @@ from tests.conftest import TINY
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (requirements.txt)")
 
+from tfgpt2.cli.export import main as export_main  # noqa: E402
+from tfgpt2.cli.generate import main as generate_main  # noqa: E402
+
 HPARAMS = dict(TINY, n_embd=128)
 PROMPTS = ([464], [464, 3290, 286, 1204, 318, 257, 1332, 11, 290, 340, 373])  # 1 and 11 tokens
 
@@ -26,7 +29,9 @@ def small(tmp_path_factory):
     folder = tmp_path_factory.mktemp("litert")
     model_dir = make_checkpoint(str(folder / "small"), default_hparams().override_from_dict(HPARAMS), std=0.1, seed=2)
     model = load_model(model_dir)
-    files = {q: export_litert(model, str(folder / f"{q}.tflite"), quantize=q) for q in ("none", "int8")}
+    files = {q: str(folder / f"{q}.tflite") for q in ("none", "int8")}
+    assert export_main(["--format", "litert", "--quiet", "--model_dir", model_dir, files["none"]]) == 0
+    export_litert(model, files["int8"], quantize="int8")
     return model_dir, model, files
 
 
@@ -130,3 +135,50 @@ def test_bad_input_is_named(small, tmp_path):
     raw = litert._decode(input_ids=np.array([[4]], np.int32), position=np.array(n_ctx, np.int32), **cache)
     assert np.isnan(raw["logits"]).all()
     assert np.isfinite(litert.decode(4, 3, cache)[0]).all()
+
+
+@pytest.mark.slow
+def test_generate_command_runs_the_file(small, capsys):
+    """`tfgpt2 generate --litert FILE` prints the file's greedy continuation."""
+    from tfgpt2.encoder import default_encoder
+    _, _, files = small
+    enc = default_encoder()
+    prompt = "The meaning of life is"
+    generate_main(["--litert", files["none"], "--prompt", prompt, "--length", "6", "--temperature", "0", "--quiet"])
+    tokens, _ = greedy(files["none"], enc.encode(prompt), 6)
+    assert capsys.readouterr().out.endswith("\n" + enc.decode(tokens) + "\n")
+
+
+def test_export_command_refuses_bad_flags(tmp_path, capsys):
+    """An unknown --quantize, --quantize for a SavedModel, SavedModel flags for LiteRT: usage
+    errors before any model is loaded."""
+    for argv, message in [
+        (["--format", "litert", "--quantize", "int4"], "argument --quantize: invalid choice: 'int4'"),
+        (["--quantize", "int8"], "--quantize applies to --format litert"),
+        (["--format", "litert", "--version", "2"], "--version do not apply to --format litert"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            export_main(argv + ["--model_dir", str(tmp_path / "none"), str(tmp_path / "out")])
+        assert exit.value.code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_client_example_needs_no_tfgpt2(small):
+    """examples/litert_client.py imports neither tfgpt2 nor TensorFlow, and its greedy
+    continuation is the contract's."""
+    import ast
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    script = ROOT / "examples" / "litert_client.py"
+    imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(script.read_text()))
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(ast.parse(script.read_text()))
+                 if isinstance(node, ast.ImportFrom)}
+    assert imported == {"argparse", "numpy", "ai_edge_litert", "tiktoken"}
+    _, _, files = small
+    prompt = list(PROMPTS[1])
+    out = subprocess.run([sys.executable, str(script), files["none"], "--ids", ",".join(map(str, prompt)),
+                          "--length", "8", "--temperature", "0"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ",".join(map(str, greedy(files["none"], prompt, 8)[0]))

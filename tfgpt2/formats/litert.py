@@ -202,13 +202,14 @@ def generate_litert(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1
                   tf.constant(top_p, tf.float32),
                   hparams=types.SimpleNamespace(n_vocab=model.n_vocab, n_ctx=model.n_ctx))
 
+    pick = tf.function(choose)  # one graph for the run (eagerly, top-k's bisection is slow)
     states = [model.prefill(p) for p in prompts]
     new = np.zeros([len(prompts), length], np.int64)
     done = np.zeros(len(prompts), bool)
     count = np.zeros(len(prompts), int)
     for i in range(length):
         logits = tf.constant(np.stack([logits for logits, _ in states]))
-        token = choose(logits, temperature=tf.constant(temperature, tf.float32), top_k=tf.constant(top_k),
+        token = pick(logits, temperature=tf.constant(temperature, tf.float32), top_k=tf.constant(top_k),
                        top_p=tf.constant(top_p, tf.float32), seed=tf.constant([seed, i], tf.int64),
                        filters=(top_k != 0, top_p < 1)).numpy()
         token = np.where(done, eot, token)
