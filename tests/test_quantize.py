@@ -61,14 +61,16 @@ def test_quantize_int8(tiny_01_dir, tmp_path):
 
 @pytest.mark.slow
 def test_quantized_model_exports_and_refuses_checkpoints(tiny_01_dir, tmp_path):
-    """The SavedModel of a quantized model computes the model's logits; an OpenAI checkpoint of
-    it is refused, naming an int8 weight."""
+    """The SavedModel of a quantized model computes the model's logits; a LiteRT export and an
+    OpenAI checkpoint of it are refused, naming a quantized layer and an int8 weight."""
     import tensorflow as tf
-    from tfgpt2 import export_saved_model, load_model, save_model
+    from tfgpt2 import export_litert, export_saved_model, load_model, save_model
     model = load_model(tiny_01_dir)
     model.quantize("int8")
     path = export_saved_model(model, str(tmp_path / "export"))
     logits = tf.saved_model.load(path).signatures["serving_default"](input_ids=tf.constant(IDS))["logits"]
     np.testing.assert_allclose(logits.numpy(), model(IDS)["logits"].numpy(), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"LiteRT export takes a float32 model .* quantized layers \['model/h0"):
+        export_litert(model, str(tmp_path / "q.tflite"))
     with pytest.raises(ValueError, match=r"cannot be saved as an OpenAI checkpoint \(model/h0/attn/c_attn/w is int8\)"):
         save_model(model, str(tmp_path / "ckpt"))

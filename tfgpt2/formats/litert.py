@@ -84,16 +84,16 @@ class Signatures(tf.Module):
         self.table = table
         names = cache_names(hp.n_layer)
         head_dim = hp.n_embd // hp.n_head
+        # at batch 1 the cache's rows, [batch * n_head], are the heads
         cache_specs = [tf.TensorSpec([hp.n_head, hp.n_ctx, head_dim], tf.float32, name=n) for n in names]
         tokens = (table.embed, table.logits) if table is not None else None
 
         def run(ids, position, cache):
-            ok = tf.logical_and(tf.reduce_all(in_vocabulary(ids, hp.n_vocab)),
-                                tf.logical_and(position >= 0, position < hp.n_ctx))
-            ids = tf.where(in_vocabulary(ids, hp.n_vocab), ids, 0)
-            logits, cache = call_with_cache(model, ids, cache, tf.clip_by_value(position, 0, hp.n_ctx - 1),
-                                            table=tokens)
-            # batch 1: the cache's rows [batch * n_head] are the heads
+            """NaN logits for a bad id or position; the graph runs on a valid stand-in."""
+            known = in_vocabulary(ids, hp.n_vocab)
+            ok = tf.logical_and(tf.reduce_all(known), tf.logical_and(position >= 0, position < hp.n_ctx))
+            logits, cache = call_with_cache(model, tf.where(known, ids, 0), cache,
+                                            tf.clip_by_value(position, 0, hp.n_ctx - 1), table=tokens)
             return {"logits": tf.where(ok, logits, np.nan), **dict(zip(names, [t for kv in cache for t in kv]))}
 
         def prefill(input_ids):
