@@ -182,12 +182,14 @@ def main(argv=None):
         {"form": "Keras int8 (XLA)", "agreement": keras_agree, "loss_f": keras_f, "loss_q": keras_q,
          "ratio": keras_q / keras_f},
     ]
-    weights = "the model folder's weights" if args.model_dir else "random 124M-shaped weights (std 0.1), made by the tool"
+    weights = ("the model folder's weights" if args.model_dir
+               else "random 124M-shaped weights (std 0.1), made by the tool")
     notes = [f"Weights: {weights}; with random weights the quality figures say how closely int8 follows float32, "
              "not how well either models text.",
              f"Decode: batch 1, after a {args.prompt_len}-token prompt. SavedModel and Keras: the XLA generate loop, "
              f"time per token from {args.long} and {args.short} new tokens, per pair of runs ({args.runs}). LiteRT: "
-             f"each of {args.long - 1} decode calls (default threads). Load peak: a fresh process's peak RSS once loaded, its runtime's import included (LiteRT: ai_edge_litert without TensorFlow).",
+             f"each of {args.long - 1} decode calls (default threads). Load peak: a fresh process's peak RSS once "
+             "loaded, its runtime's import included (LiteRT: ai_edge_litert without TensorFlow).",
              f"Quality: int8's argmax along float32's greedy sequence, {args.steps} steps after each of {args.prompts} "
              f"random prompts; mean loss over the first {len(tokens)} tokens of {os.path.basename(args.text)}, "
              "int8 / float32."]

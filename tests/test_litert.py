@@ -82,7 +82,8 @@ def test_int8_agrees_with_float32_and_is_small(small):
     for length in (1, 5, 12, 25):
         prompt = rng.integers(0, HPARAMS["n_vocab"], length).tolist()
         tokens, _ = greedy(files["none"], prompt, 32)
-        outs = {q: r.get_signature_runner("prefill")(input_ids=np.array([prompt], np.int32)) for q, r in runners.items()}
+        outs = {q: runner.get_signature_runner("prefill")(input_ids=np.array([prompt], np.int32))
+                for q, runner in runners.items()}
         for i, token in enumerate(tokens):
             agree.append(int(np.argmax(outs["int8"]["logits"][0])) == token)
             assert int(np.argmax(outs["none"]["logits"][0])) == token

@@ -151,7 +151,7 @@ class Conv1D(keras.layers.Layer):
     def quantize(self, mode=None, type_check=True, config=None):
         if type_check and type(self) is not Conv1D:
             raise self._not_implemented_error(self.quantize)
-        if mode not in self.STORED or mode is None:
+        if mode != "int8":
             raise self._quantization_mode_error(mode)
         w, scale = keras.quantizers.abs_max_quantize(self.w.numpy(), axis=1, to_numpy=True)
         del self.w
@@ -161,7 +161,7 @@ class Conv1D(keras.layers.Layer):
         self.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{self.dtype_policy.name}")
 
     def quantized_build(self, input_shape, mode):
-        if mode not in self.STORED or mode is None:
+        if mode != "int8":
             raise self._quantization_mode_error(mode)
         self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf], initializer="zeros", dtype="int8",
                                  trainable=False)
@@ -172,8 +172,8 @@ class Conv1D(keras.layers.Layer):
         """x @ w in int8 (x's rows quantized as w's columns), rescaled to the compute dtype."""
         *start, nx = shape_list(x)
         x, x_scale = keras.quantizers.abs_max_quantize(tf.reshape(x, [-1, nx]), axis=-1)
-        y = keras.ops.matmul(x, tf.reshape(self.w, [nx, self.nf]))
-        y = tf.cast(y, self.compute_dtype) / (tf.cast(x_scale, self.compute_dtype) * tf.cast(self.w_scale, self.compute_dtype))
+        y = tf.cast(keras.ops.matmul(x, tf.reshape(self.w, [nx, self.nf])), self.compute_dtype)
+        y = y / (tf.cast(x_scale, self.compute_dtype) * tf.cast(self.w_scale, self.compute_dtype))
         return tf.reshape(y + self.b, start + [self.nf])
 
     def save_own_variables(self, store):

@@ -119,7 +119,7 @@ def load_litert(args, default_length):
     try:
         from ..formats.litert import LiteRTModel
         model = LiteRTModel(args.litert)
-        enc = encoder_of(args.model_dir) if args.model_dir else encoder_of(os.path.join(args.models_dir, args.model_name))
+        enc = encoder_of(args.model_dir or os.path.join(args.models_dir, args.model_name))
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     if args.length is not None and args.length > model.n_ctx:
