@@ -17,7 +17,6 @@ The report (benchmarks/report.py) goes to `--report DIR` as `--name`.json and .m
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,9 @@ FORMS = ("SavedModel float32", "LiteRT float32", "LiteRT int8", "Keras int8 (XLA
 
 
 def peak_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory (VmHWM: ru_maxrss keeps the parent's across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
 def child(form, path, *, prompt_len, short, long, runs):
@@ -43,7 +44,7 @@ def child(form, path, *, prompt_len, short, long, runs):
     prompt = np.random.default_rng(0).integers(0, 50257, [1, prompt_len], dtype=np.int32)
     if form.startswith("LiteRT"):
         from ai_edge_litert.interpreter import Interpreter
-        interpreter = Interpreter(model_path=path)
+        interpreter = Interpreter(model_path=path, num_threads=os.cpu_count())
         prefill, decode = interpreter.get_signature_runner("prefill"), interpreter.get_signature_runner("decode")
         loaded = peak_mb()
         out = prefill(input_ids=prompt)
@@ -170,7 +171,8 @@ def main(argv=None):
                          "load_peak_mb": measured["load peak MB"],
                          "ms_per_token": report.spread(measured["ms per token"])})
 
-        float_file, int8_file = LiteRTModel(paths["LiteRT float32"]), LiteRTModel(paths["LiteRT int8"])
+        float_file, int8_file = (LiteRTModel(paths[f"LiteRT {kind}"], num_threads=os.cpu_count())
+                                 for kind in ("float32", "int8"))
         lite_agree, keras_agree = agreement(quantized, float_file, int8_file,
                                             prompts=args.prompts, steps=args.steps)
         with open(args.text, encoding="utf-8") as f:
@@ -188,7 +190,7 @@ def main(argv=None):
              "not how well either models text.",
              f"Decode: batch 1, after a {args.prompt_len}-token prompt. SavedModel and Keras: the XLA generate loop, "
              f"time per token from {args.long} and {args.short} new tokens, per pair of runs ({args.runs}). LiteRT: "
-             f"each of {args.long - 1} decode calls (default threads). Load peak: a fresh process's peak RSS once "
+             f"each of {args.long - 1} decode calls (num_threads: all cores). Load peak: a fresh process's peak RSS once "
              "loaded, its runtime's import included (LiteRT: ai_edge_litert without TensorFlow).",
              f"Quality: int8's argmax along float32's greedy sequence, {args.steps} steps after each of {args.prompts} "
              f"random prompts; mean loss over the first {len(tokens)} tokens of {os.path.basename(args.text)}, "
