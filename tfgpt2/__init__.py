@@ -19,6 +19,7 @@ _EXPORTS = {
     "get_encoder": "encoder", "default_encoder": "encoder",
     "sample_sequence": "sample", "generate": "sample",
     "export_saved_model": "formats.saved_model",
+    "export_litert": "formats.litert", "generate_litert": "formats.litert",
     "convert": "formats.convert",
     "finetune": "train.flags",
 }

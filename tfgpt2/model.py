@@ -122,7 +122,14 @@ def merge_states(x):
 
 @serializable
 class Conv1D(keras.layers.Layer):
-    """conv1d: a dense layer whose weight keeps the original's [1, nx, nf] shape."""
+    """conv1d: a dense layer whose weight keeps the original's [1, nx, nf] shape.
+
+    `model.quantize("int8")` reaches it as Keras's Dense: `w` becomes int8 with a float32
+    `w_scale` [nf] (127 / each column's abs max), and each product quantizes its input rows
+    likewise (`_int8_call`). The float weights keep the checkpoint's names."""
+
+    # the variables a `.keras` file stores, in order, per quantization mode
+    STORED = {None: ("w", "b"), "int8": ("w", "b", "w_scale")}
 
     def __init__(self, nx, nf, *, w_init_stdev=0.02, initialize=True, **kwargs):
         super().__init__(**kwargs)
@@ -130,8 +137,11 @@ class Conv1D(keras.layers.Layer):
         self.lora_enabled = False
 
     def build(self, input_shape=None):
-        self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf],
-                                 initializer=normal(self.w_init_stdev, self.initialize))
+        if self.quantization_mode:
+            self.quantized_build(input_shape, self.quantization_mode)
+        else:
+            self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf],
+                                     initializer=normal(self.w_init_stdev, self.initialize))
         self.b = self.add_weight(name="b", shape=[self.nf], initializer="zeros")
 
     def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform", b_initializer="zeros"):
@@ -142,6 +152,8 @@ class Conv1D(keras.layers.Layer):
             raise ValueError(f"{self.name}: cannot enable LoRA on a layer that isn't built yet")
         if self.lora_enabled:
             raise ValueError(f"{self.name}: LoRA is already enabled; it can be enabled once per layer")
+        if self.quantization_mode:
+            raise ValueError(f"{self.name}: LoRA on a quantized layer is not supported; enable it on the float model")
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
             raise ValueError(f"{self.name}: the LoRA rank must be an integer >= 1, got {rank!r}")
         self._tracker.unlock()
@@ -165,6 +177,49 @@ class Conv1D(keras.layers.Layer):
         first (never a weight-sized product)."""
         a, b = (tf.cast(v, x.dtype) for v in (self.lora_kernel_a, self.lora_kernel_b))
         return tf.matmul(tf.matmul(x, a), b) * (self.lora_alpha / self.lora_rank)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        if type_check and type(self) is not Conv1D:
+            raise self._not_implemented_error(self.quantize)
+        if mode != "int8":
+            raise self._quantization_mode_error(mode)
+        if self.lora_enabled:
+            raise ValueError(f"{self.name}: a layer with LoRA adapters cannot be quantized; merge them first "
+                             "(save the run's merged model-<step> and load it)")
+        w, scale = keras.quantizers.abs_max_quantize(self.w.numpy(), axis=1, to_numpy=True)
+        del self.w
+        self.quantized_build(None, mode)
+        self.w.assign(w)
+        self.w_scale.assign(np.reshape(scale, [self.nf]))
+        self.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{self.dtype_policy.name}")
+
+    def quantized_build(self, input_shape, mode):
+        if mode != "int8":
+            raise self._quantization_mode_error(mode)
+        self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf], initializer="zeros", dtype="int8",
+                                 trainable=False)
+        self.w_scale = self.add_weight(name="w_scale", shape=[self.nf], initializer="ones", trainable=False)
+        self._is_quantized = True
+
+    def _int8_call(self, x):
+        """x @ w in int8 (x's rows quantized as w's columns), rescaled to the compute dtype."""
+        *start, nx = shape_list(x)
+        x, x_scale = keras.quantizers.abs_max_quantize(tf.reshape(x, [-1, nx]), axis=-1)
+        y = tf.cast(keras.ops.matmul(x, tf.reshape(self.w, [nx, self.nf])), self.compute_dtype)
+        y = y / (tf.cast(x_scale, self.compute_dtype) * tf.cast(self.w_scale, self.compute_dtype))
+        return tf.reshape(y + self.b, start + [self.nf])
+
+    def save_own_variables(self, store):
+        for i, name in enumerate(self.STORED[self.quantization_mode]):
+            store[str(i)] = getattr(self, name)
+
+    def load_own_variables(self, store):
+        names = self.STORED[self.quantization_mode]
+        if len(store.keys()) != len(names):
+            raise ValueError(f"layer {self.path}: the file holds {len(store.keys())} variables, "
+                             f"this {self.quantization_mode or 'float'} layer {len(names)} ({', '.join(names)})")
+        for i, name in enumerate(names):
+            getattr(self, name).assign(store[str(i)])
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.nf)
@@ -488,7 +543,15 @@ class GPT2(keras.Model):
             initializer=normal(0.02, self.initialize))
 
     def get_config(self):
-        return {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings}
+        """With quantized layers, the dtype as a `DTypePolicyMap` naming each one's policy by its
+        path, so that loading builds them quantized (as KerasHub's backbones)."""
+        config = {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings}
+        quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers() if layer.quantization_mode}
+        if quantized:
+            policy = self.dtype_policy
+            base = policy.default_policy if isinstance(policy, keras.dtype_policies.DTypePolicyMap) else policy
+            config["dtype"] = keras.dtype_policies.serialize(keras.dtype_policies.DTypePolicyMap(base, quantized))
+        return config
 
     def conv1d_layers(self):
         """[(name, Conv1D)] of every block, named as `enable_lora` takes them: "h0/attn/c_attn",

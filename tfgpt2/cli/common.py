@@ -128,6 +128,20 @@ def load(args, default_length):
     return model, enc, default_length(n_ctx) if args.length is None else args.length
 
 
+def load_litert(args, default_length):
+    """`load` for a LiteRT file (--litert): the file, the shipped encoder (or --model_dir's) and
+    the number of tokens to generate."""
+    try:
+        from ..formats.litert import LiteRTModel
+        model = LiteRTModel(args.litert)
+        enc = encoder_of(args.model_dir or os.path.join(args.models_dir, args.model_name))
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    if args.length is not None and args.length > model.n_ctx:
+        sys.exit(f"Can't get samples longer than window size: {model.n_ctx}")
+    return model, enc, default_length(model.n_ctx) if args.length is None else args.length
+
+
 def controls(args, enc, n_vocab):
     """The generation controls of the flags, as `tfgpt2.generate` takes them; exits with a
     message naming a flag whose value the model cannot use."""
@@ -143,18 +157,24 @@ def controls(args, enc, n_vocab):
 
 def print_batch(model, enc, args, length, context, batch, first, count):
     """Generate a batch of samples after `context` (token ids) and print the first `count`,
-    numbered from `first`: the first one as it is generated (flushed every few tokens, a
+    numbered from `first`, by the model or a LiteRT file's (`formats.litert.LiteRTModel`): the
+    first one as it is generated (flushed every few tokens, a
     character split across tokens printed once whole), the others once the batch is done.
     With --seed, batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
+    from ..formats.litert import LiteRTModel, generate_litert
     from ..sample import sample_sequence
     rows = [[] for _ in range(args.batch_size)]
     with Progress(args.quiet).bar(length, unit="token", position=1) as bar:
-        pieces = sample_sequence(
-            model=model, length=length, context=[context] * args.batch_size,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
-            progress=None if bar.disable else lambda n: bar.update(n - bar.n), stream=True, chunk=STREAM_EVERY,
-            **controls(args, enc, model.hparams.n_vocab))
+        sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
+                        progress=None if bar.disable else lambda n: bar.update(n - bar.n))
+        if isinstance(model, LiteRTModel):  # a LiteRT file: whole rows, no controls
+            out = generate_litert(model, [context] * args.batch_size, length, **sampling)
+            pieces = [[row[len(context):] for row in out]]
+        else:
+            pieces = sample_sequence(model=model, length=length, context=[context] * args.batch_size,
+                                     stream=True, chunk=STREAM_EVERY, **sampling,
+                                     **controls(args, enc, model.hparams.n_vocab))
 
         def first_row():  # each piece's first row, all rows kept on the way
             for piece in pieces:

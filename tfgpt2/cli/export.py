@@ -1,24 +1,29 @@
-"""Export a GPT-2 model as a SavedModel for TensorFlow Serving (docs/serving.md).
+"""Export a GPT-2 model as a SavedModel for TensorFlow Serving (docs/serving.md), or as a
+LiteRT file for phones and small devices (docs/litert.md).
 
     tfgpt2 export --model_name 124M exports/gpt2
     tfgpt2 export --model_dir checkpoint/run1 exports/run1 --version 2 --stop_at_eot
     saved_model_cli show --dir exports/gpt2/1 --all
+    tfgpt2 export --format litert --quantize int8 --model_name 124M gpt2-int8.tflite
 
-Writes `<export_dir>/<version>/` with the signatures `serving_default` (logits) and
-`generate` (XLA generation loop). The model is given as to the other commands: --model_dir,
-or --model_name in --models_dir.
+SavedModel: writes `<export_dir>/<version>/` with the signatures `serving_default` (logits)
+and `generate` (XLA generation loop). LiteRT: writes the file, with the signatures `prefill`
+and `decode` (`tfgpt2 generate --litert FILE` runs it). The model is given as to the other
+commands: --model_dir, or --model_name in --models_dir.
 """
 import argparse
 import os
 
 from ..encoder import EOT_TOKEN
+from ..formats.litert import QUANTIZE
 from .args import Parser, ranged
 from .common import DTYPES, Progress, add_model_flags, add_quiet, model_dir
 
 
 def main(argv=None, prog="tfgpt2 export"):
     parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("export_dir", nargs="?", metavar="EXPORT_DIR", help="the model's base path for TF Serving")
+    parser.add_argument("export_dir", nargs="?", metavar="EXPORT_DIR",
+                        help="the model's base path for TF Serving (the .tflite file with --format litert)")
     parser.add_argument("--export_dir", dest="export_dir_flag", metavar="EXPORT_DIR", help="the same as EXPORT_DIR")
     add_model_flags(parser)
     parser.add_argument("--version", type=ranged(int, 0), default=1,
@@ -28,6 +33,10 @@ def main(argv=None, prog="tfgpt2 export"):
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="the Keras dtype policy to export with: bfloat16 halves the variables (default float32)")
     parser.add_argument("--eot", type=int, default=EOT_TOKEN, help=f"the <|endoftext|> id (default {EOT_TOKEN})")
+    parser.add_argument("--format", default="saved_model", choices=["saved_model", "litert"],
+                        help="a SavedModel folder (default) or a LiteRT .tflite file")
+    parser.add_argument("--quantize", choices=QUANTIZE,
+                        help="LiteRT only: the weights as float32 (none, the default), float16 or int8")
     add_quiet(parser)
     args = parser.parse_args(argv)
     if args.export_dir and args.export_dir_flag and args.export_dir != args.export_dir_flag:
@@ -35,6 +44,10 @@ def main(argv=None, prog="tfgpt2 export"):
     export_dir = args.export_dir or args.export_dir_flag
     if not export_dir:
         parser.error("the export folder is missing: tfgpt2 export [--model_name NAME | --model_dir DIR] EXPORT_DIR")
+    if args.format == "litert":
+        return export_litert_file(parser, args, export_dir)
+    if args.quantize:
+        parser.error("--quantize applies to --format litert (a SavedModel takes --dtype)")
     from ..formats.checkpoint import load_model
     from ..formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes
     progress = Progress(args.quiet)
@@ -53,4 +66,27 @@ def main(argv=None, prog="tfgpt2 export"):
           f"{folder_bytes(os.path.join(path, 'variables')) / 1e6:.1f} MB (checkpoint "
           f"{checkpoint_bytes(folder) / 1e6:.1f} MB), {folder_bytes(path) / 1e6:.1f} MB in all")
     print(f"inspect: saved_model_cli show --dir {path} --all")
+    return 0
+
+
+def export_litert_file(parser, args, path):
+    """--format litert: the LiteRT file at `path` (float32 weights, quantized by --quantize)."""
+    given = [flag for flag, value in (("--version", args.version != 1), ("--stop_at_eot", args.stop_at_eot),
+                                      ("--dtype", args.dtype != "float32"), ("--eot", args.eot != EOT_TOKEN)) if value]
+    if given:
+        parser.error(f"{', '.join(given)} do not apply to --format litert (it takes --quantize)")
+    from ..formats.checkpoint import load_model
+    from ..formats.litert import export_litert
+    progress = Progress(args.quiet)
+    quantize = args.quantize or "none"
+    try:
+        folder = model_dir(args)
+        progress.note(f"loading {folder}")
+        model = load_model(folder)
+        progress.note(f"converting to LiteRT (quantize {quantize}) and writing {path}")
+        export_litert(model, path, quantize=quantize)
+    except (OSError, ValueError) as e:
+        parser.exit(1, f"error: {e}\n")
+    print(f"wrote {path} in {progress.seconds():.1f} s: {os.path.getsize(path) / 1e6:.1f} MB "
+          f"(signatures prefill and decode; run it: tfgpt2 generate --litert {path})")
     return 0

@@ -4,6 +4,7 @@ and output; with --prompt, continuations of that text instead.
     tfgpt2 generate --model_name 124M --nsamples 4 --top_k 40
     tfgpt2 generate --prompt "The meaning of life is" --nsamples 2 --length 40 --seed 1
     tfgpt2 generate --model_dir checkpoint/run1 --nsamples 1 --temperature 0.7 | less
+    tfgpt2 generate --litert gpt2-int8.tflite --prompt "The meaning of life is" --length 40
 
 Without --prompt each sample starts from <|endoftext|> alone and --length defaults to n_ctx;
 with --prompt it continues the prompt's tokens and --length defaults to half of n_ctx (as the
@@ -13,13 +14,16 @@ difference: the original adds batch_size to its count for every sample, so with
 --batch_size 2 its banners read SAMPLE 2, 4, ... and it stops at half of --nsamples. Here
 samples are numbered 1, 2, 3, ... and there are exactly --nsamples of them.
 
+--litert FILE generates with a LiteRT file of `tfgpt2 export --format litert` on
+ai_edge_litert, one prompt at a time (the file runs at batch 1), with the same sampling.
+
 The original's spelling works too, with the same flags:
     python -m tfgpt2.generate_unconditional_samples --model_name 124M --top_k 40
 """
 import sys
 
 from ..decoding.plan import fits
-from .common import end_at_once, load, parser, print_batch, progress
+from .common import end_at_once, load, load_litert, parser, print_batch, progress
 
 
 def main(argv=None, prog="tfgpt2 generate"):
@@ -30,15 +34,23 @@ def main(argv=None, prog="tfgpt2 generate"):
                length_help="tokens per sample (default: the model's n_ctx, or half of it with --prompt)")
     p.add_argument("--prompt", metavar="TEXT",
                    help="continue this text (default: samples from nothing, after <|endoftext|>)")
+    p.add_argument("--litert", metavar="FILE", help="generate with this LiteRT file (tfgpt2 export --format litert)")
     p.set_defaults(nsamples=None)
     args = p.parse_args(argv)
     if args.nsamples is None:
         args.nsamples = 0 if args.prompt is None else 1
     if args.prompt == "":
         p.error("argument --prompt: the prompt is empty; leave --prompt out for samples from nothing")
-    model, enc, length = load(args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
+    if args.litert and args.dtype != "float32":
+        p.error("--dtype does not apply to --litert (the file's weights are as exported)")
+    if args.litert and (args.logit_bias or args.stop or args.min_p or args.presence_penalty
+                        or args.frequency_penalty or args.repetition_penalty != 1):
+        p.error("--litert samples with --temperature, --top_k and --top_p only (not --logit_bias, --stop, "
+                "--min_p or the penalties)")
+    model, enc, length = (load_litert if args.litert else load)(
+        args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
     context = [enc.eot_token] if args.prompt is None else enc.encode(args.prompt)
-    n_ctx = model.hparams.n_ctx
+    n_ctx = model.n_ctx if args.litert else model.hparams.n_ctx
     if not fits(len(context), length, n_ctx):
         sys.exit(f"error: --prompt has {len(context)} tokens; with --length {length} at most "
                  f"{n_ctx - length + 1} fit in the model's window of {n_ctx}")

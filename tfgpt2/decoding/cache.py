@@ -21,22 +21,25 @@ def empty_cache(model, batch, length):
     return [(tf.zeros(shape, model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
 
 
-def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None):
+def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, table=None):
     """X [batch, T] through the blocks over `cache` (`empty_cache`), X's keys and values written
     at slot `cache_index`. `pad` [batch] counts each row's left-padding slots. `layouts`: one
-    per block (`layouts.transposed` or `layouts.split`), or None.
+    per block (`layouts.transposed` or `layouts.split`), or None. `table`: (embed(X),
+    logits(h)) in place of `wte`'s lookup and `model.lm_logits` (the LiteRT int8 export's
+    token table, `formats.litert`), or None.
 
     Returns the logits of the last position [batch, n_vocab] (all that generation needs) and the
     updated cache. Inputs are not checked here: `plan.check_request` checks them before XLA."""
     sequence = shape_list(X)[1]
+    embed, logits = table or ((lambda X: tf.gather(model.as_compute(model.wte), X)), model.lm_logits)
     positions = positions_for(X, cache_index, pad)
-    h = tf.gather(model.as_compute(model.wte), X) + tf.gather(model.as_compute(model.wpe), positions)
+    h = embed(X) + tf.gather(model.as_compute(model.wpe), positions)
     mask = attention_mask(sequence, shape_list(cache[0][0])[1], dtype=h.dtype, offset=cache_index, pad=pad)
     new_cache = []
     for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
         h, layer_cache = block_with_cache(block, h, mask, layer_cache, cache_index, layout)
         new_cache.append(layer_cache)
-    return model.lm_logits(h[:, -1:])[:, 0], new_cache
+    return logits(h[:, -1:])[:, 0], new_cache
 
 
 def block_with_cache(block, x, mask, cache, cache_index, layout):

@@ -24,6 +24,12 @@ def transpose_pays(length, *, cpu, jit_compile=True):
     return tf.logical_and(bool(cpu and jit_compile), length >= TRANSPOSE_FROM)
 
 
+def usable(model):
+    """Whether the layouts can read the block weights: not where `model.quantize` made them int8
+    (their products are the layers' own)."""
+    return not any(conv.quantization_mode for block in model.h for conv in convs(block))
+
+
 def transposed(model):
     """Each block's four Conv1D weights copied as [nf, nx] (XLA only: the product that reads
     them needs an optimization barrier)."""

@@ -40,9 +40,10 @@ class Generator:
         return traced
 
     def weights_for(self, length, batch):
-        """Where `layouts.transpose_pays` (on a CPU, under XLA): at batch 1
+        """Where `layouts.transpose_pays` (on a CPU, under XLA) and the weights are float: at batch 1
         `layouts.split` (no copy, and faster there), at more rows `transposed()`. Else None."""
-        if not bool(layouts.transpose_pays(length, cpu=layouts.on_cpu(), jit_compile=self.jit_compile)):
+        if not (layouts.usable(self.model)
+                and bool(layouts.transpose_pays(length, cpu=layouts.on_cpu(), jit_compile=self.jit_compile))):
             return None
         return layouts.split(self.model) if batch == 1 else self.transposed()
 

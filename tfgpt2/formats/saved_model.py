@@ -91,7 +91,7 @@ class Serving(tf.Module):
             raise ValueError(f"eot {eot} is not a token id of this model (n_vocab={model.hparams.n_vocab})")
         self.weights = {v.path: v.value for v in model.weights}
         self._generator = Generator(model, choose, jit_compile=True)
-        self._cpu = layouts.on_cpu()
+        self._cpu = layouts.on_cpu() and layouts.usable(model)
         self._stop_at_eot, self._eot = stop_at_eot, eot
 
     @tf.function(input_signature=[IDS])
