@@ -1,8 +1,11 @@
 """benchmarks/benchmark_matmul.py: a product's rate per dtype and backend, PyTorch's where installed."""
+import pytest
+
 from benchmarks.benchmark_train import has_modules, hf_python
 from test_benchmarks import assert_report, rows, run_tool
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_a_row_per_dtype_and_backend(tmp_path):
     done = run_tool("benchmark_matmul.py", "--m", "64", "--k", "96", "--n", "128", "--runs", "3",
                     "--report", str(tmp_path))

@@ -9,6 +9,7 @@ from conftest import ROOT, TINY
 from test_benchmarks import assert_report, rows, run_tool
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_accumulated_steps_count_every_micro_batch(tiny_dir, tmp_path):
     done = run_tool("benchmark_train.py", "--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "2",
                     "--warmup", "1", "--candidates", "tfgpt2", "--accumulate", "3", "--report", str(tmp_path))

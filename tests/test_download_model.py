@@ -146,6 +146,7 @@ def test_complete_download(storage, tmp_path):
     assert sorted(storage.gets()) == sorted(storage.files)
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_cli_complete_download(storage, tmp_path):
     """The command shows a bar per file on stderr and says where the model is on stdout; with
     --quiet, stdout alone. Nothing of TensorFlow's start-up reaches stderr."""

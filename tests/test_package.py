@@ -153,7 +153,8 @@ def build_wheel(tmp_path):
 
 def install(wheel, venv):
     """A fresh venv with the wheel installed; TensorFlow and the other dependencies are seen
-    through a .pth file naming this venv's site-packages, as nothing can be downloaded."""
+    through a .pth file naming this interpreter's site-packages folders, as nothing can be
+    downloaded."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
@@ -161,7 +162,8 @@ def install(wheel, venv):
     assert installed.returncode == 0, installed.stderr
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                          *(path for path in sys.path if path.endswith("-packages"))])
     (Path(site) / "zz_dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
     return python, site
 

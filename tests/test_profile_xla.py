@@ -53,6 +53,7 @@ def profile(tmp_path, model_dir, *args):
     return data
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_profile_of_generation(tiny_dir, tmp_path):
     data = profile(tmp_path, tiny_dir, "generate", "--batch", "2", "--length", "24")
     assert data["title"] == "Where the time goes: generate" and data["settings"]["length"] == 24
