@@ -43,9 +43,14 @@ WIDE = dict(n_vocab=50257, n_ctx=128, n_embd=1024, n_head=16, n_layer=2)
 def pytest_collection_modifyitems(items):
     """Files with the most slow tests first, each file's tests in their order: the README's
     test command hands whole files to two workers (`-n 2 --dist loadfile`), and the longest
-    files started first let both finish together."""
+    files started first (LONGEST, then by their count of slow tests) let both finish together."""
     slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])  # a stable sort: files stay whole
+    items.sort(key=lambda item: (item.path.name not in LONGEST, -slow[item.path]))  # stable: files stay whole
+
+
+# Files started first whatever their count of slow tests: test_package.py's wheel test alone runs
+# every command of the README, each a TensorFlow process (about 5 minutes on two cores)
+LONGEST = {"test_package.py"}
 
 
 def require_reference():
