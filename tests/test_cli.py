@@ -123,6 +123,18 @@ def test_generate_refuses_an_empty_prompt(tiny_dir, capsys, signals):
     assert "argument --prompt: the prompt is empty" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [["--min_p", "0.1"], ["--stop", "."], ["--logit_bias", "5=-100"],
+                                   ["--repetition_penalty", "1.2"], ["--presence_penalty", "0.5"]])
+def test_generate_litert_refuses_the_controls_it_cannot_apply(tmp_path, capsys, signals, flags):
+    """A LiteRT file samples with temperature, top-k and top-p alone: a control is refused
+    before the file is read, not ignored."""
+    from tfgpt2.cli import generate
+    with pytest.raises(SystemExit) as exit:
+        generate.main(["--litert", str(tmp_path / "missing.tflite"), *flags])
+    assert exit.value.code == 2
+    assert "--litert samples with --temperature, --top_k and --top_p only" in capsys.readouterr().err
+
+
 def test_generate_batch_workers_start_through_the_quiet_entry_point():
     assert generate_batch.worker_command() == [sys.executable, "-m", "tfgpt2_cli", "generate-batch"]
 
