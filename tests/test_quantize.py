@@ -74,3 +74,18 @@ def test_quantized_model_exports_and_refuses_checkpoints(tiny_01_dir, tmp_path):
         export_litert(model, str(tmp_path / "q.tflite"))
     with pytest.raises(ValueError, match=r"cannot be saved as an OpenAI checkpoint \(model/h0/attn/c_attn/w is int8\)"):
         save_model(model, str(tmp_path / "ckpt"))
+
+
+def test_lora_and_int8_refuse_each_other():
+    """A layer with adapters is not quantized (its adapters would be dropped), nor are adapters
+    added to an int8 layer (its call has no adapter term): both say so."""
+    from tfgpt2 import GPT2
+    from tfgpt2.hparams import default_hparams
+    lora = GPT2(default_hparams().override_from_dict(TINY))
+    lora.enable_lora(2)
+    with pytest.raises(ValueError, match="a layer with LoRA adapters cannot be quantized"):
+        lora.quantize("int8")
+    quantized = GPT2(default_hparams().override_from_dict(TINY))
+    quantized.quantize("int8")
+    with pytest.raises(ValueError, match="LoRA on a quantized layer is not supported"):
+        quantized.enable_lora(2)
