@@ -87,5 +87,9 @@ def test_lora_and_int8_refuse_each_other():
         lora.quantize("int8")
     quantized = GPT2(default_hparams().override_from_dict(TINY))
     quantized.quantize("int8")
-    with pytest.raises(ValueError, match="LoRA on a quantized layer is not supported"):
+    trainable = [v.path for v in quantized.trainable_weights]
+    with pytest.raises(ValueError, match=r"LoRA on a quantized layer is not supported \(h0/attn/c_attn is quantized\)"):
         quantized.enable_lora(2)
+    assert [v.path for v in quantized.trainable_weights] == trainable and trainable, \
+        "a refused enable_lora changed which weights train"
+    assert not quantized.lora_targets

@@ -581,9 +581,13 @@ class GPT2(keras.Model):
         if unknown or not targets:
             raise ValueError(f"LoRA targets {unknown or list(targets)} name no Conv1D layer; the names are "
                              "c_attn, c_proj, c_fc, attn/c_proj, mlp/c_proj (or a block's, h0/attn/c_attn)")
+        adapted = [conv for name, conv in layers if any(("/" + name).endswith("/" + t.strip("/")) for t in targets)]
+        quantized = [name for name, conv in layers if conv.quantization_mode and conv in adapted]
+        if quantized:
+            raise ValueError(f"LoRA on a quantized layer is not supported ({quantized[0]} is quantized); "
+                             "enable it on the float model")
         for variable in self.weights:
             variable.trainable = False
-        adapted = [conv for name, conv in layers if any(("/" + name).endswith("/" + t.strip("/")) for t in targets)]
         for i, conv in enumerate(adapted):
             conv.enable_lora(rank, lora_alpha, keras.initializers.HeUniform(None if seed is None else seed + i))
         self.lora_targets = targets
