@@ -124,7 +124,8 @@ def test_124m_logits_within_tolerance_of_float32(gpt2_124m, gpt2_124m_dir):
         print(f"{policy}: max abs {error.max():.3f}, median {np.median(error):.4f}")
         assert error.max() <= largest and np.median(error) <= median, \
             f"{policy}: max abs error {error.max():.3f} (<= {largest}), median {np.median(error):.4f} (<= {median})"
-        assert np.isfinite(model(long)["logits"].numpy()).all(), f"{policy}: NaN or inf with 1024 tokens"
+        if COMPUTE[policy] == "float16":  # bfloat16 has float32's range: it overflows where float32 does
+            assert np.isfinite(model(long)["logits"].numpy()).all(), f"{policy}: NaN or inf with 1024 tokens"
         del model
 
 
