@@ -5,7 +5,8 @@
     python benchmarks/benchmark.py --model_dir models/124M --batch 1 8
 
 Each candidate runs in a fresh process of its own, one after another, on the same
-checkpoint shape: tfgpt2 with XLA, tfgpt2 without XLA, the reference `sample_sequence`
+checkpoint shape: tfgpt2 with XLA, tfgpt2 with XLA and every generation control on
+(tfgpt2-xla-controls), tfgpt2 without XLA, the reference `sample_sequence`
 (`--reference_src`, batch 1 only: the original fails above), and KerasHub's GPT2CausalLM and
 transformers' GPT2LMHeadModel (random weights of the same shape) where those packages are
 installed. Per candidate and batch size:
@@ -24,7 +25,7 @@ installed. Per candidate and batch size:
 
 `--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
-`--top_k` says otherwise; `--controls` turns every generation control on for tfgpt2. The
+`--top_k` says otherwise. The
 report (benchmarks/report.py) goes to `--report DIR` as `--name`.json and .md (default
 generation).
 """
@@ -47,7 +48,8 @@ except ImportError:  # run as `python benchmarks/benchmark.py`: this folder is o
 ROOT = report.ROOT
 DEFAULT_REFERENCE = os.path.join(os.environ.get("TFGPT2_SHARED", os.path.join(os.path.dirname(ROOT), "shared")),
                                  "openai-gpt-2", "src")
-CANDIDATES = ["tfgpt2-xla", "tfgpt2", "reference", "keras-hub", "transformers"]
+OURS = ("tfgpt2-xla", "tfgpt2-xla-controls", "tfgpt2")
+CANDIDATES = ["tfgpt2-xla", "tfgpt2-xla-controls", "tfgpt2", "reference", "keras-hub", "transformers"]
 
 
 def rss_mb(pid="self", key="VmHWM"):
@@ -63,11 +65,11 @@ CONTROLS = dict(logit_bias={50256: -100, 11: 0.5}, repetition_penalty=1.2, prese
                 frequency_penalty=0.2, min_p=0.05, stop=[[50256, 50256], [50256]])
 
 
-def tfgpt2_runner(args, jit_compile):
+def tfgpt2_runner(args, jit_compile, controls=None):
     from tfgpt2 import load_model
     from tfgpt2.sample import generate
     model = load_model(args.model_dir, dtype=args.dtype)
-    controls = CONTROLS if args.controls else {}
+    controls = controls or {}
 
     def run(context, length):
         generate(model, context.tolist(), length, top_k=args.top_k, seed=0, jit_compile=jit_compile, **controls)
@@ -143,6 +145,7 @@ def repeated(run):
 
 def worker(args):
     runners = {"tfgpt2-xla": lambda: tfgpt2_runner(args, True), "tfgpt2": lambda: tfgpt2_runner(args, False),
+               "tfgpt2-xla-controls": lambda: tfgpt2_runner(args, True, CONTROLS),
                "reference": lambda: reference_runner(args), "keras-hub": lambda: keras_hub_runner(args),
                "transformers": lambda: transformers_runner(args)}
     run, rss = runners[args.worker]()
@@ -180,7 +183,7 @@ def measure(candidate, batch, args):
     command = [sys.executable, os.path.abspath(__file__), "--worker", candidate, "--batch_size", str(batch),
                "--model_dir", args.model_dir, "--reference_src", args.reference_src, "--runs", str(args.runs),
                "--short", str(args.short), "--long", str(args.long), "--prompt_len", str(args.prompt_len),
-               "--top_k", str(args.top_k), "--dtype", args.dtype] + ["--controls"] * args.controls
+               "--top_k", str(args.top_k), "--dtype", args.dtype]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -218,13 +221,22 @@ def rows_of(results):
 
 
 def headlines(rows):
+    """tfgpt2-xla's and the reference's decode time per batch size, with tfgpt2-xla's as a ratio
+    of the reference's, and with every control on as a ratio of tfgpt2-xla's."""
     found = []
     for row in rows:
-        if row["implementation"] in ("tfgpt2-xla", "reference") and "step_ms" in row:
-            figure = f"{row['step_ms']['median']:.1f} ms/token"
-            if row["implementation"] != "reference" and row.get("vs_reference"):
-                figure += f", {row['vs_reference']:.2f}x the reference's time"
-            found.append({"what": f"generation, batch {row['batch']}, {row['implementation']}", "figure": figure})
+        if row["implementation"] not in ("tfgpt2-xla", "tfgpt2-xla-controls", "reference") or "step_ms" not in row:
+            continue
+        figure = f"{row['step_ms']['median']:.1f} ms/token"
+        if row["implementation"] == "tfgpt2-xla" and row.get("vs_reference"):
+            figure += f", {row['vs_reference']:.2f}x the reference's time"
+        base = next((r for r in rows if r["implementation"] == "tfgpt2-xla" and r["batch"] == row["batch"]
+                     and "step_ms" in r), None)
+        if row["implementation"] == "tfgpt2-xla-controls" and base:
+            figure += f", {row['step_ms']['median'] / base['step_ms']['median']:.2f}x tfgpt2-xla's time"
+        what = {"tfgpt2-xla-controls": "tfgpt2-xla, every generation control on"}.get(row["implementation"],
+                                                                                       row["implementation"])
+        found.append({"what": f"generation, batch {row['batch']}, {what}", "figure": figure})
     return found
 
 
@@ -241,9 +253,6 @@ def main(argv=None):
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--dtype", default="float32",
                         help="tfgpt2's Keras dtype policy (bfloat16, ...); the others run in float32")
-    parser.add_argument("--controls", action="store_true",
-                        help="tfgpt2 with every generation control on (logit_bias, the penalties, min_p, stop "
-                             "sequences), none ending a row early")
     report.add_arguments(parser, "generation")
     parser.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     parser.add_argument("--batch_size", type=int, help=argparse.SUPPRESS)
@@ -269,13 +278,14 @@ def main(argv=None):
              f"over {args.runs} paired runs after a warm-up; prefill: a {args.prompt_len}-token prompt; compile: "
              f"the first calls' extra time; peak RSS: the process's peak resident set (VmHWM); RSS before: "
              f"after loading, before the first call. Sampling top_k={args.top_k}; tfgpt2 in {args.dtype}"
-             + (", the others in float32" if set(c for c, _ in results) - {"tfgpt2", "tfgpt2-xla"} else "")
+             + (", the others in float32" if set(c for c, _ in results) - set(OURS) else "")
              + ". Each implementation ran in a process of its own."
-             + (f" tfgpt2 with every generation control on: {CONTROLS}." if args.controls else "")]
+             + (f" tfgpt2-xla-controls: tfgpt2-xla with every generation control on, none ending a row early: "
+                f"{CONTROLS}." if "tfgpt2-xla-controls" in args.candidates else "")]
     if skipped:
         notes.append(f"Not installed or not found here: {', '.join(skipped)}.")
     settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "short", "long",
-                                              "prompt_len", "top_k", "dtype", "controls")}
+                                              "prompt_len", "top_k", "dtype")}
     columns = [c for c in COLUMNS if c["key"] != "vs_reference" or any("vs_reference" in r for r in rows)]
     columns += [ERROR] * any("error" in r for r in rows)
     report.publish(args, "Generation speed", [report.table(columns, rows)], tool=__file__, argv=argv,

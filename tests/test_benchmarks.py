@@ -196,6 +196,22 @@ def test_generation_report_against_the_reference(tiny_dir, tmp_path):
     assert data["headlines"][0]["figure"].endswith("x the reference's time")
 
 
+def test_generation_headlines_are_ratios_within_the_run():
+    """tfgpt2-xla against the reference, every control on against tfgpt2-xla, per batch size."""
+    from benchmarks.benchmark import headlines
+
+    def row(name, batch, ms):
+        return {"implementation": name, "batch": batch, "step_ms": report.spread([ms])}
+    rows_ = [row("tfgpt2-xla", 1, 50.0), row("tfgpt2-xla-controls", 1, 55.0), row("reference", 1, 100.0),
+             row("tfgpt2", 1, 80.0), {"implementation": "reference", "batch": 8, "error": "fails"}]
+    rows_[0]["vs_reference"] = 0.5
+    assert headlines(rows_) == [
+        {"what": "generation, batch 1, tfgpt2-xla", "figure": "50.0 ms/token, 0.50x the reference's time"},
+        {"what": "generation, batch 1, tfgpt2-xla, every generation control on",
+         "figure": "55.0 ms/token, 1.10x tfgpt2-xla's time"},
+        {"what": "generation, batch 1, reference", "figure": "100.0 ms/token"}]
+
+
 def test_tokenizer_report(tmp_path):
     done = run_tool("benchmark_tokenizer.py", "--mb", "0.02", "--runs", "2", "--report", str(tmp_path),
                     "--name", "tok")
