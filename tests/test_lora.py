@@ -58,6 +58,21 @@ def test_enable_lora_is_keras_dense_enable_lora():
     assert np.abs(5 / 3 * h @ a @ b).max() > 0.1  # the adapter's share is not lost in the tolerance
 
 
+def test_a_keras_file_keeps_the_adapters(tmp_path):
+    """`model.save("x.keras")` of a model with adapters loads with them: the same targets,
+    rank, alpha and trainable variables, and the same logits (no silent base model)."""
+    model = tiny_model()
+    model.enable_lora(2, ["c_attn", "c_fc"], lora_alpha=4)
+    for v in model.trainable_variables:
+        v.assign(np.random.default_rng(len(v.path)).normal(0, 0.3, v.shape))
+    x = np.random.default_rng(0).integers(0, 500, [2, 7])
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert loaded.lora == {"rank": 2, "alpha": 4.0, "targets": ["c_attn", "c_fc"]}
+    assert [v.path for v in loaded.trainable_variables] == [v.path for v in model.trainable_variables]
+    np.testing.assert_array_equal(loaded(x)["logits"].numpy(), model(x)["logits"].numpy())
+
+
 def test_lora_targets_by_layer_name_and_bad_input_is_a_clear_error(tiny_dir, tmp_path):
     model = tiny_model()
     with pytest.raises(ValueError, match="rank must be an integer >= 1, got 0"):

@@ -209,12 +209,17 @@ class Conv1D(keras.layers.Layer):
         y = y / (tf.cast(x_scale, self.compute_dtype) * tf.cast(self.w_scale, self.compute_dtype))
         return tf.reshape(y + self.b, start + [self.nf])
 
+    def stored(self):
+        """The names of the variables a `.keras` file stores, in order: the weights of the
+        quantization mode, then the LoRA adapters where enabled."""
+        return self.STORED[self.quantization_mode] + ("lora_kernel_a", "lora_kernel_b") * self.lora_enabled
+
     def save_own_variables(self, store):
-        for i, name in enumerate(self.STORED[self.quantization_mode]):
+        for i, name in enumerate(self.stored()):
             store[str(i)] = getattr(self, name)
 
     def load_own_variables(self, store):
-        names = self.STORED[self.quantization_mode]
+        names = self.stored()
         if len(store.keys()) != len(names):
             raise ValueError(f"layer {self.path}: the file holds {len(store.keys())} variables, "
                              f"this {self.quantization_mode or 'float'} layer {len(names)} ({', '.join(names)})")
@@ -507,13 +512,15 @@ class GPT2(keras.Model):
     `dtype`: a Keras dtype policy ("float32", "bfloat16", "float16", "mixed_bfloat16",
     "mixed_float16"); `present` comes in its compute dtype, the logits always in float32.
     `remat=True` keeps only each block's input for the backward pass and recomputes the rest
-    (`recompute`): less memory for fine-tuning, one more forward pass of time.
+    (`recompute`): less memory for fine-tuning, one more forward pass of time. `lora`: the
+    arguments of `enable_lora` ({"rank", "alpha", "targets"}), as `get_config` records them.
 
     Saved the Keras way (`model.save("x.keras")`), it loads with `keras.models.load_model`
     wherever `tfgpt2.model` has been imported (which registers it).
     """
 
-    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, remat=False, name="model", **kwargs):
+    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, remat=False, lora=None, name="model",
+                 **kwargs):
         super().__init__(name=name, **kwargs)
         self.remat = remat
         self.hparams = as_hparams(hparams or default_hparams()).validate()
@@ -526,8 +533,10 @@ class GPT2(keras.Model):
         # compiled generation loops for this model (`tfgpt2.decoding.loop.generator_for`),
         # freed with it, as Keras keeps `predict_function` on the model
         self.generators = {}
-        self.lora_targets = ()  # the `enable_lora` target names, once enabled
+        self.lora_targets, self.lora = (), None  # `enable_lora`'s target names and arguments, once enabled
         self.build()
+        if lora:
+            self.enable_lora(lora["rank"], lora["targets"], lora_alpha=lora["alpha"])
 
     def build(self, input_shape=None):
         hp = self.hparams
@@ -545,7 +554,8 @@ class GPT2(keras.Model):
     def get_config(self):
         """With quantized layers, the dtype as a `DTypePolicyMap` naming each one's policy by its
         path, so that loading builds them quantized (as KerasHub's backbones)."""
-        config = {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings}
+        config = {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings,
+                  **({"lora": self.lora} if self.lora else {})}
         quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers() if layer.quantization_mode}
         if quantized:
             policy = self.dtype_policy
@@ -591,6 +601,7 @@ class GPT2(keras.Model):
         for i, conv in enumerate(adapted):
             conv.enable_lora(rank, lora_alpha, keras.initializers.HeUniform(None if seed is None else seed + i))
         self.lora_targets = targets
+        self.lora = {"rank": int(rank), "alpha": adapted[0].lora_alpha, "targets": list(targets)}
         self.generators.clear()  # compiled without the adapters
 
     def __call__(self, X, past=None, **kwargs):
