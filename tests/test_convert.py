@@ -260,6 +260,18 @@ def test_load_and_save_models(tiny_dir, tmp_path):
         np.testing.assert_array_equal(again(TOKENS)["logits"].numpy(), model(TOKENS)["logits"].numpy())
 
 
+def test_a_model_with_adapters_is_saved_merged(tiny_dir, tmp_path):
+    """`save` writes LoRA adapters merged into `w` (as `save_model`), not refused or dropped."""
+    model = load_model(tiny_dir)
+    model.enable_lora(2, seed=0)
+    for v in model.trainable_variables:
+        v.assign(np.random.default_rng(len(v.path)).normal(0, 0.3, v.shape))
+    save(model, tmp_path / "hf", "hf")
+    expected, got = model(TOKENS)["logits"].numpy(), load(tmp_path / "hf", "hf")(TOKENS)["logits"].numpy()
+    assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
+    assert np.abs(got - load_model(tiny_dir)(TOKENS)["logits"].numpy()).max() > 0.1  # the adapters count
+
+
 def test_write_is_atomic(tiny_dir, tmp_path, monkeypatch):
     """A write that fails part way leaves no file under a final name."""
     hparams, tensors = read(tiny_dir, "openai")

@@ -174,12 +174,16 @@ def save_checkpoint(tensors, hparams, model_dir, *, name="model.ckpt"):
 
 
 def save_model(model, model_dir):
-    """Save `model` so that OpenAI's own code restores it (`tf.train.Saver` on `model_dir`):
-    float32, whatever the model's dtype policy; LoRA adapters merged; not a quantized model (its
-    int8 weights are no checkpoint's: save it with `model.save("x.keras")`)."""
+    """Save `model` so that OpenAI's own code restores it (`tf.train.Saver` on `model_dir`)."""
+    return save_checkpoint(float32_weights(model), model.hparams, model_dir)
+
+
+def float32_weights(model):
+    """The model's variables as a checkpoint holds them (name -> float32 tensor), whatever its
+    dtype policy, LoRA adapters merged; refused for a quantized model (its int8 weights are no
+    checkpoint's: it saves with `model.save("x.keras")`)."""
     quantized = [v.path for v in model.weights if v.dtype == "int8"]
     if quantized:
         raise ValueError(f"a quantized model cannot be saved as an OpenAI checkpoint ({quantized[0]} is int8); "
                          "save it with model.save('x.keras'), or save the float model before model.quantize")
-    return save_checkpoint({name: tf.cast(v, tf.float32) for name, v in merged_weights(model).items()},
-                           model.hparams, model_dir)
+    return {name: tf.cast(v, tf.float32) for name, v in merged_weights(model).items()}

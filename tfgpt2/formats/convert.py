@@ -83,8 +83,10 @@ def load(folder, fmt):
 
 
 def save(model, folder, fmt):
-    """Write a `GPT2` as a folder in layout `fmt` (with the shipped vocabulary)."""
-    return write(model.hparams, {v.path: v.numpy() for v in model.weights}, folder, fmt)
+    """Write a `GPT2` as a folder in layout `fmt` (with the shipped vocabulary): float32, LoRA
+    adapters merged, as `save_model`."""
+    from .checkpoint import float32_weights  # TensorFlow: imported only when saving a model
+    return write(model.hparams, {name: v.numpy() for name, v in float32_weights(model).items()}, folder, fmt)
 
 
 def check_tensors(hparams, tensors):
