@@ -239,6 +239,26 @@ def row_of(candidate, runs, flops):
             "tokens_per_step": first["tokens_per_step"], "processes": len(runs)}
 
 
+def headlines_of(rows, args):
+    """README rows: LoRA against full fine-tuning in one row where both ran, else one per
+    tfgpt2 row; named by the model folder (models/355M: 355M)."""
+    ok = {r["implementation"]: r for r in rows if "error" not in r and r["implementation"].startswith("tfgpt2")}
+    shape = f"{os.path.basename(os.path.normpath(args.model_dir))}, batch {args.batch} x {args.length}"
+
+    def median(row, key, fmt):
+        return format(row[key]["median"], fmt)
+    if {"tfgpt2", "tfgpt2-lora"} <= set(ok):
+        lora, full = ok["tfgpt2-lora"], ok["tfgpt2"]
+        return [{"what": f"fine-tuning {shape}, LoRA rank {args.lora_rank} against every weight "
+                         f"({full['setup']}, {args.optimizer}{', remat' * args.remat})",
+                 "figure": f"peak RSS {median(lora, 'peak_rss_mb', ',.0f')} against "
+                           f"{median(full, 'peak_rss_mb', ',.0f')} MB, {median(lora, 'tokens_per_s', '.0f')} "
+                           f"against {median(full, 'tokens_per_s', '.0f')} tokens/s"}]
+    return [{"what": f"fine-tuning {shape}, {name} ({r['setup']})",
+             "figure": f"{median(r, 'tokens_per_s', '.0f')} tokens/s, peak RSS {median(r, 'peak_rss_mb', ',.0f')} MB"}
+            for name, r in ok.items()]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
@@ -301,10 +321,7 @@ def main(argv=None):
                                               "accumulate", "lora_rank")}
     settings["flops_per_token"] = flops
     settings["lora_flops_per_token"] = lora_flops
-    headlines = [{"what": f"fine-tuning step, batch {args.batch} x {args.length}, {r['implementation']} "
-                          f"({r['setup']})", "figure": f"{r['tokens_per_s']['median']:.0f} tokens/s, "
-                                                       f"peak RSS {r['peak_rss_mb']['median']:.0f} MB"}
-                 for r in rows if "error" not in r and r["implementation"].startswith("tfgpt2")]
+    headlines = headlines_of(rows, args)
     columns = COLUMNS + [ERROR] * any("error" in r for r in rows)
     tables = [report.table(columns, rows)]
     if "tfgpt2-lora" in candidates:

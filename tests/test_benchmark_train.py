@@ -69,3 +69,24 @@ def test_lora_figures_count_the_models_own_variables():
     model = GPT2(default_hparams().override_from_dict({**TINY, "n_vocab": 500}))
     model.enable_lora(8)
     assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == lora_parameters(TINY, 8)
+
+
+def test_headlines_set_lora_against_full_fine_tuning():
+    """One README row for LoRA against every weight where both ran, named by the model folder;
+    else a row per tfgpt2 candidate that ran."""
+    import argparse
+    from benchmarks.benchmark_train import headlines_of
+    from benchmarks.report import spread
+
+    def row(name, tokens, peak):
+        return {"implementation": name, "setup": "float32, XLA", "tokens_per_s": spread([tokens]),
+                "peak_rss_mb": spread([peak])}
+    args = argparse.Namespace(model_dir="models/1558M/", batch=1, length=1024, lora_rank=8, optimizer="adafactor",
+                              remat=True)
+    both = [row("tfgpt2-lora", 3.2, 9100.4), row("tfgpt2", 2.0, 15200.0)]
+    assert headlines_of(both, args) == [{
+        "what": "fine-tuning 1558M, batch 1 x 1024, LoRA rank 8 against every weight (float32, XLA, adafactor, remat)",
+        "figure": "peak RSS 9,100 against 15,200 MB, 3 against 2 tokens/s"}]
+    failed = [both[0], {"implementation": "tfgpt2", "error": "failed: out of memory"}]
+    assert headlines_of(failed, args) == [{"what": "fine-tuning 1558M, batch 1 x 1024, tfgpt2-lora (float32, XLA)",
+                                           "figure": "3 tokens/s, peak RSS 9,100 MB"}]
