@@ -30,7 +30,7 @@ class Generator:
         self.jit_compile = jit_compile
         self.traces = 0
         self.generate_padded, self.start, self.resume = (
-            tf.function(self._counted(f), jit_compile=jit_compile) for f in (self._generate, self._start, self._resume))
+            tf.function(self._counted(f), jit_compile=jit_compile, autograph=False) for f in (self._generate, self._start, self._resume))
         self.transposed = tf.function(lambda: layouts.transposed(model))
 
     def _counted(self, f):

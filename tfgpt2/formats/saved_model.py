@@ -94,16 +94,17 @@ class Serving(tf.Module):
         self._cpu = layouts.on_cpu() and layouts.usable(model)
         self._stop_at_eot, self._eot = stop_at_eot, eot
 
-    @tf.function(input_signature=[IDS])
+    @tf.function(input_signature=[IDS], autograph=False)
     def logits(self, input_ids):
         return {"logits": self._generator.model(_rank_2(input_ids))["logits"]}
 
-    @tf.function(input_signature=[IDS, MASK] + [tf.TensorSpec(None, d, name=n) for n, d in SCALARS.items()])
+    @tf.function(input_signature=[IDS, MASK] + [tf.TensorSpec(None, d, name=n) for n, d in SCALARS.items()],
+                 autograph=False)
     def generate(self, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, seed):
         return self._generate(input_ids, attention_mask, [max_new_tokens, temperature, top_k, top_p, seed])
 
     @tf.function(input_signature=[IDS, MASK] + [tf.TensorSpec(None, d, name=n) for n, d in SCALARS.items()]
-                 + [tf.TensorSpec(None, d, name=n) for n, (_, d, _) in CONTROLS.items()])
+                 + [tf.TensorSpec(None, d, name=n) for n, (_, d, _) in CONTROLS.items()], autograph=False)
     def generate_with_controls(self, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, seed,
                                logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_p, stop):
         batch = tf.shape(input_ids)[0]

@@ -33,7 +33,7 @@ def evaluate(model, tokens, *, stride=None, n_bytes=None, batch_size=1):
     n_ctx = model.hparams.n_ctx
     tokens = np.asarray(tokens, np.int32)
     plan = windows(len(tokens), n_ctx, stride or n_ctx)
-    losses = tf.function(lambda x, y: token_losses(y, model(x)["logits"]), jit_compile=True)
+    losses = tf.function(lambda x, y: token_losses(y, model(x)["logits"]), jit_compile=True, autograph=False)
     total, count = 0.0, 0
     for i in range(0, len(plan), batch_size):
         x = np.zeros([batch_size, n_ctx], np.int32)

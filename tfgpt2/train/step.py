@@ -30,13 +30,19 @@ class Trainer:
         # the update runs outside XLA, where the optimizer reaches every replica's copy of the
         # variables, and each compiled function is called from a plain per-replica function
         # (which places it on that replica's device).
+        # Autograph (which rewrites the Python of everything traced, the model's too) only for
+        # the micro-batch loop: the rest is plain TensorFlow, traced in about half the time.
         fuse_update = jit_compile and self.strategy.num_replicas_in_sync == 1
+        loop = accumulate > 1
         self._gradients = (self._accumulated_gradients if fuse_update
-                           else tf.function(self._accumulated_gradients, jit_compile=jit_compile))
-        replica_step = tf.function(self._replica_step, jit_compile=True) if fuse_update else self._replica_step
-        self._window_loss = tf.function(lambda tokens: window_loss(model, tokens), jit_compile=jit_compile)
-        self._step = tf.function(lambda batch: self._mean(replica_step, batch))
-        self._loss = tf.function(lambda batch: self._mean(lambda tokens: self._window_loss(tokens), batch))
+                           else tf.function(self._accumulated_gradients, jit_compile=jit_compile, autograph=loop))
+        replica_step = (tf.function(self._replica_step, jit_compile=True, autograph=loop) if fuse_update
+                        else self._replica_step)
+        self._window_loss = tf.function(lambda tokens: window_loss(model, tokens), jit_compile=jit_compile,
+                                        autograph=False)
+        self._step = tf.function(lambda batch: self._mean(replica_step, batch), autograph=False)
+        self._loss = tf.function(lambda batch: self._mean(lambda tokens: self._window_loss(tokens), batch),
+                                 autograph=False)
 
     def _mean(self, fn, batch):
         return self.strategy.reduce("MEAN", self.strategy.run(fn, args=(batch,)), axis=None)
