@@ -105,7 +105,9 @@ def plan(args, enc, n_ctx, length):
             problem = prompt
         elif not tokens:
             problem = "empty prompt"
-        elif not fits(len(tokens), length, n_ctx):
+        elif args.context_keep is not None and len(tokens) > n_ctx:
+            problem = f"prompt of {len(tokens)} tokens exceeds the context window n_ctx={n_ctx}"
+        elif args.context_keep is None and not fits(len(tokens), length, n_ctx):
             problem = f"prompt of {len(tokens)} tokens + --length {length} - 1 exceeds the context window n_ctx={n_ctx}"
         else:
             problem = None
@@ -258,6 +260,8 @@ def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
         length = n_ctx // 2 if args.length is None else args.length
         if length < 1:
             raise ValueError(f"--length must be at least 1, got {length}")
+        if args.context_keep is not None and args.context_keep >= n_ctx:
+            raise ValueError(f"--context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
         batches = plan(args, enc, n_ctx, length)
         if args.worker is None:
             held = lock(args.output)
