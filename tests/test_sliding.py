@@ -1,6 +1,8 @@
 """Generation past the context window (`tfgpt2.sample._sliding`): the first window is today's
 output, then every row goes on from its last `context_keep` tokens, encoded afresh; against
 a plain NumPy loop over `model(X)`'s logits with the same sliding rule, written here."""
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -25,18 +27,15 @@ def drawn(logits, temperature, seed, step, row, batch):
     return min(int(np.sum(cdf <= u)), len(logits) - 1)
 
 
-def reference_sliding(last_logits, prompts, length, keep, reset=False, temperature=0.0, seed=0,  # noqa: F811
-                      **controls):
+def reference_sliding(last_logits, prompts, length, keep, temperature=0.0, seed=0, **controls):  # noqa: F811
     """Rows past n_ctx, the rule of docs/generation.md: all rows slide when the longest context
-    fills the window; each then goes on from its last `keep` tokens alone. `reset` (wrong):
-    the penalties count from the segment's start only."""
+    fills the window; each then goes on from its last `keep` tokens alone."""
     new = [[] for _ in prompts]
     contexts = [list(p) for p in prompts]
     while len(new[0]) < length:
-        start = len(new[0]) if reset else 0
         for _ in range(min(N_CTX + 1 - max(map(len, contexts)), length - len(new[0]))):
             for row, prompt in enumerate(prompts):
-                logits = reference_logits(last_logits(contexts[row]), prompt, new[row][start:], **controls)
+                logits = reference_logits(last_logits(contexts[row]), prompt, new[row], **controls)
                 new[row].append(drawn(logits, temperature, seed, len(new[row]), row, len(prompts)))
                 contexts[row].append(new[row][-1])
         contexts = [(list(p) + n)[-keep:] for p, n in zip(prompts, new)]
@@ -60,8 +59,6 @@ def test_past_n_ctx_matches_a_numpy_sliding_loop(tiny, last_logits, keep, contro
                     **controls)
     expected = reference_sliding(last_logits, PROMPTS, LENGTH, keep or N_CTX // 2, **controls)
     assert [r.tolist() for r in rows] == expected
-    if "repetition_penalty" in controls:  # counts that started again at a slide would give other tokens
-        assert reference_sliding(last_logits, PROMPTS, LENGTH, keep, reset=True, **controls) != expected
 
 
 @pytest.mark.slow
@@ -107,8 +104,8 @@ def test_a_stop_sequence_across_a_slide_ends_the_row_and_traces_are_bounded(tiny
         assert np.concatenate([c[row] for c in chunks]).tolist() == r[len(p):].tolist(), f"row {row}"
     generator = tiny.generators[True]
     traces = generator.traces
-    generate(tiny, PROMPTS, 3 * LENGTH + 5, temperature=0, stop=[stop])
-    sample_sequence(model=tiny, context=PROMPTS, length=2 * LENGTH - 3, temperature=0)
+    generate(tiny, PROMPTS, LENGTH + 40, temperature=0, stop=[stop])  # four segments, the last of 26
+    sample_sequence(model=tiny, context=PROMPTS, length=LENGTH + 17, temperature=0)
     assert generator.traces == traces
 
 
@@ -127,3 +124,33 @@ def test_a_prompt_longer_than_the_window_is_still_refused(tiny):  # noqa: F811
         generate(tiny, [[1] * 65], 3)
     with pytest.raises(ValueError, match=r"length \(max_new_tokens\) must be < 2\*\*31, got 2147483648"):
         generate(tiny, [[1, 2]], 2**31)
+
+
+@pytest.mark.slow
+def test_the_commands_slide_with_context_keep(tiny, tiny_dir, tmp_path, capsys, signals, monkeypatch):  # noqa: F811
+    """`tfgpt2 generate` and `generate-batch` with --context_keep print and write the tokens of
+    `tfgpt2.generate` past the window; a --context_keep not below n_ctx is refused."""
+    from tfgpt2.cli import common, generate as generate_command, generate_batch
+    enc = common.encoder_of(tiny_dir)
+    text = "the cat sat on the mat"
+    context = enc.encode(text)
+    argv = ["--model_dir", tiny_dir, "--prompt", text, "--length", "80", "--temperature", "0", "--quiet"]
+    with pytest.raises(SystemExit, match="--context_keep must be below the model's n_ctx=64, got 64"):
+        generate_command.main(argv + ["--context_keep", "64"])
+    with pytest.raises(SystemExit, match="Can't get samples longer than window size: 64"):
+        generate_command.main(argv)
+    expected = generate(tiny, [context], 80, temperature=0, context_keep=20)[0][len(context):].tolist()
+    assert len(context) + 80 - 1 > N_CTX
+    monkeypatch.setattr(generate_command, "load", lambda args, _: (tiny, enc, args.length))  # the loaded model
+    generate_command.main(argv + ["--context_keep", "20"])
+    assert enc.decode(expected) in capsys.readouterr().out
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"prompt": text}) + "\n")
+    argv = ["--model_dir", tiny_dir, "--input", str(src), "--output", str(out), "--length", "80",
+            "--temperature", "0", "--batch_size", "1", "--quiet"]
+    assert generate_batch.main(argv, tiny) == f"error: {src}:1 (line 0 counted from 0): prompt of 6 tokens + " \
+        "--length 80 - 1 exceeds the context window n_ctx=64 (--skip_bad skips such lines)"
+    assert generate_batch.main(argv + ["--context_keep", "20"], tiny) == 0
+    assert [json.loads(line)["tokens"] for line in open(out)] == [expected]
+    assert generate_batch.main(argv + ["--context_keep", "64"], tiny) == \
+        "error: --context_keep must be below the model's n_ctx=64, got 64"
