@@ -87,9 +87,9 @@ def test_batches_hold_one_length_bucket_each(tiny_dir, tmp_path):
     src = write_input(tmp_path / "in.jsonl", prompts(200))
     args = generate_batch.arguments(flags(tiny_dir, src, tmp_path / "out.jsonl", "--batch_size", "8"))
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
-    batches = generate_batch.plan(args, enc, 64, 8)
-    assert sorted(n for b in batches for n, _, _ in b) == list(range(200))
-    assert all(len({bucket(len(t)) for _, _, t in b}) == 1 and len(b) <= 8 for b in batches)
+    batches = generate_batch.plan(args, enc, 64, 8, 50257)
+    assert sorted(n for b in batches for n, _, _, _ in b) == list(range(200))
+    assert all(len({bucket(len(t)) for _, _, t, _ in b}) == 1 and len(b) <= 8 for b in batches)
     assert len({bucket(len(b[0][2])) for b in batches}) >= 3  # mixed lengths: several buckets
     assert sum(len(b) < 8 for b in batches) <= len({bucket(len(b[0][2])) for b in batches})
 
@@ -184,3 +184,58 @@ def test_controls_apply_to_every_line(tiny_dir, tmp_path, model):
         alone = generate(model, [context], 8, temperature=0, jit_compile=False, stop=[enc.encode(stop)], **controls)
         assert got[n]["tokens"] == alone[0][len(context):].tolist(), f"line {n}"
     assert len(got[0]["tokens"]) < 8 and stop not in got[0]["text"]
+
+
+LINE_CONTROLS = [{}, dict(repetition_penalty=1.5, logit_bias={"262": 5}, min_p=0.3, presence_penalty=2.0,
+                         frequency_penalty=1.0, stop=["zzz"]),
+                 dict(temperature=0.1, top_k=5, top_p=0.9, seed=3, stop_at_eot=True),
+                 dict(repetition_penalty=1.5, logit_bias={"262": 5}, min_p=0.3, presence_penalty=2.0,
+                      frequency_penalty=1.0, stop=["zzz"])]
+
+
+@pytest.mark.slow
+def test_lines_with_their_own_controls_equal_each_prompt_alone(tiny_dir, tmp_path, model):
+    """Lines that set controls of their own (greedy by --temperature 0, one line seeded): each
+    row is `tfgpt2.generate`'s for that prompt alone with the flags and the line's fields; only
+    lines with the same fields share a batch; a resumed run writes the same row again."""
+    enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
+    texts = prompts(len(LINE_CONTROLS), seed=5, words=6)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(dict(prompt=t, **c)) + "\n" for t, c in zip(texts, LINE_CONTROLS)))
+    out = tmp_path / "out.jsonl"
+    argv = flags(tiny_dir, str(src), out, "--length", "8", "--temperature", "0", "--batch_size", "2")
+    batches = generate_batch.plan(generate_batch.arguments(argv), enc, 64, 8, 50257)
+    assert sorted(sorted(n for n, _, _, _ in b) for b in batches) == [[0], [1, 3], [2]]
+    assert generate_batch.main(argv, model) == 0
+    got = rows(out)
+    for n, (text, fields) in enumerate(zip(texts, LINE_CONTROLS)):
+        keywords = dict(dict(temperature=0), **fields)
+        keywords["logit_bias"] = {int(k): v for k, v in keywords.get("logit_bias", {}).items()}
+        keywords["stop"] = [enc.encode(t) for t in keywords.get("stop", [])]
+        context = enc.encode(text)
+        alone = generate(model, [context], 8, jit_compile="seed" in fields, **keywords)[0]
+        assert got[n]["tokens"] == alone[len(context):].tolist(), f"line {n}"
+    free = generate(model, [enc.encode(texts[1])], 8, temperature=0, jit_compile=False)[0]
+    assert got[1]["tokens"] != free[len(enc.encode(texts[1])):].tolist(), "the line's controls changed nothing"
+    out.write_text("".join(json.dumps(r) + "\n" for n, r in got.items() if n != 2))
+    assert generate_batch.main(argv, model) == 0
+    assert rows(out) == got
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("top_p", 2, "field 'top_p' must be a number in [0, 1], got 2"),
+    ("temperature", -1, "field 'temperature' must be a number >= 0, got -1"),
+    ("seed", 1.5, "field 'seed' must be an integer in [0, 2**32), got 1.5"),
+    ("logit_bias", {"50257": 1}, "field 'logit_bias' must be an object of token ids below n_vocab to numbers "
+                                 "(-100 or less bans), got {\"50257\": 1}"),
+    ("stop", "a", "field 'stop' must be a list of non-empty strings, got \"a\""),
+    ("stop_at_eot", 1, "field 'stop_at_eot' must be true or false, got 1"),
+    ("repetition_penalty", 0, "field 'repetition_penalty' must be a number > 0, got 0"),
+])
+def test_a_bad_field_names_the_line_and_the_field(tiny_dir, tmp_path, capsys, field, value, message):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "first"}\n' + json.dumps({"prompt": "second", field: value}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert generate_batch.main(flags(tiny_dir, str(src), out, "--length", "4")) == \
+        f"error: {src}:2 (line 1 counted from 0): {message} (--skip_bad skips such lines)"
+    assert not out.exists()

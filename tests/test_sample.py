@@ -567,10 +567,10 @@ def test_seed_reproducible_and_seeds_differ(tiny):
 @pytest.mark.parametrize("prompts, length, kwargs, message", [
     ([[1, 50257]], 4, {}, r"token ids must be in \[0, n_vocab=50257\); got \[50257\]"),
     ([[1], [-3]], 4, {}, r"token ids must be in \[0, n_vocab=50257\); got \[-3\]"),
-    ([[1] * 60], 6, {}, r"prompt tokens \+ length \(max_new_tokens\) - 1 must be <= n_ctx=64; .*got 60, 6"),
-    ([[1, 2]], 2**31 - 1, {}, r"must be <= n_ctx=64; .*got 2, 2147483647"),
-    ([[1, 2, 3]], 2**31 - 2, {}, r"must be <= n_ctx=64"),
-    ([[1, 2]], 2**40, {}, r"must be <= n_ctx=64"),
+    ([[1] * 65], 6, {}, r"prompt tokens \+ length \(max_new_tokens\) - 1 must be <= n_ctx=64; .*got 65, 6"),
+    ([[1] * 65], 2**31 - 1, {}, r"must be <= n_ctx=64; .*got 65, 2147483647"),
+    ([[1, 2]], 2**31, {}, r"length \(max_new_tokens\) must be < 2\*\*31, got 2147483648"),
+    ([[1, 2]], 2**40, {}, r"must be < 2\*\*31"),
     ([[1]], 0, {}, r"length \(max_new_tokens\) must be >= 1"),
     ([[1]], 3.7, {}, r"length must be an integer, got 3.7"),
     ([[]], 3, {}, r"at least one token"),
@@ -635,8 +635,8 @@ def test_refused_request_returns_at_once(tiny, monkeypatch):
         raise AssertionError("reached after the checks")
     for name in ("plan", "generator_for"):
         monkeypatch.setattr(sample_module, name, never)
-    with pytest.raises(ValueError, match="must be <= n_ctx"):
-        generate(tiny, [[10, 20]], 2**31 - 1)
+    with pytest.raises(ValueError, match=r"must be < 2\*\*31"):
+        generate(tiny, [[10, 20]], 2**31)
 
 
 VALUES = [0, 1, 3, -1, 2.5, float("nan"), float("inf"), 2**31 - 1, 2**63, True, "x", None]

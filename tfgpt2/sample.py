@@ -118,7 +118,7 @@ def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True), min
 def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
              stop_at_eot=False, eot=EOT_TOKEN, jit_compile=True, progress=None, chunk=32,
              logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-             min_p=0.0, stop=None, stream=False):
+             min_p=0.0, stop=None, stream=False, context_keep=None):
     """Continue each prompt (a list of token lists, lengths may differ) by up to `length`
     tokens. Returns a list of 1-D arrays, each prompt + its new tokens (cut after `eot`
     where `stop_at_eot`). Each row is generated as if alone (left padding, an attention mask,
@@ -135,6 +135,10 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     row's new tokens since the last yield; joined, they are the new tokens of the call without
     it (a row's last tokens are held back while they could still begin a stop sequence).
 
+    A `length` past the context window (prompt + length - 1 > n_ctx) slides: once the window is
+    full, the rows go on from their last `context_keep` tokens (default n_ctx // 2), encoded
+    afresh (`_sliding`, docs/generation.md).
+
     Samples depend on `seed` and on the row's place in the batch, not on XLA (`jit_compile`).
     This is the `model.generate` of the issue tracker and of other libraries.
     """
@@ -146,34 +150,43 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     seed = np.random.randint(2**31) if seed is None else integer("seed", seed, low=0, high=2**63)
     eot = integer("eot", eot, low=0, high=hp.n_vocab)
     chunk = integer("chunk", chunk, low=1)
+    keep = hp.n_ctx // 2 if context_keep is None else integer("context_keep", context_keep, low=1, high=hp.n_ctx)
     lengths = np.array([len(p) for p in prompts])
     longest = int(lengths.max(initial=0))
     ids = np.zeros([len(prompts), max(longest, 1)], np.int64)
     for row, p in enumerate(prompts):
         ids[row, :len(p)] = p
-    check_request(tf.constant(ids), tf.constant(lengths, tf.int32), tf.constant(min(max(length, -2**31), 2**31 - 1)),
+    window = length if longest > hp.n_ctx else min(length, hp.n_ctx + 1 - longest)  # new tokens before a slide
+    check_request(tf.constant(ids), tf.constant(lengths, tf.int32), tf.constant(min(max(window, -2**31), 2**31 - 1)),
                   tf.constant(temperature, tf.float32), tf.constant(min(top_k, 2**31 - 1)),
                   tf.constant(top_p, tf.float32), hparams=hp)
+    if length >= 2**31:
+        raise ValueError(f"length (max_new_tokens) must be < 2**31, got {length}")
     controls = _controls(hp.n_vocab, len(prompts), logit_bias=logit_bias, repetition_penalty=repetition_penalty,
                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, min_p=min_p,
                          stop=stop)
-
-    prompt_len, total = (int(n) for n in plan(longest, length, hp.n_ctx))
-    padded = np.zeros([len(prompts), prompt_len], np.int32)
-    for row, p in enumerate(prompts):
-        padded[row, prompt_len - len(p):] = p
-    pad = tf.constant(prompt_len - lengths, tf.int32)
     options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
                tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(bool(stop_at_eot)),
                (top_k != 0, top_p < 1)) + ((controls,) if controls else ())
     generator = generator_for(model, choose, jit_compile=jit_compile)
-    args = (generator.weights_for(length, len(prompts)), tf.constant(padded), pad,
-            tf.zeros([len(prompts), total], tf.int32))
+    held = int(controls["stop"].shape[-1]) - 1 if "stop" in controls else 0
+    if window < length:
+        pieces = _sliding(generator, prompts, length, keep, options, chunk if stream or progress else length,
+                          progress)
+        if stream:
+            return _streamed(pieces, held)
+        for rows, _, _ in pieces:
+            pass
+        return [np.concatenate([p.astype(np.int32), r]) for p, r in zip(prompts, rows)]
+
+    prompt_len, total = (int(n) for n in plan(longest, length, hp.n_ctx))
+    padded, pad = _padded(prompts, prompt_len)
+    args = (generator.weights_for(length, len(prompts)), padded, pad, tf.zeros([len(prompts), total], tf.int32))
     cut = lambda tokens, new: [tokens[row, prompt_len - len(p):prompt_len + new[row]]  # noqa: E731
                                for row, p in enumerate(prompts)]
     if stream:
-        held = int(controls["stop"].shape[-1]) - 1 if "stop" in controls else 0
-        return _streamed(_pieces(generator, args, prompt_len, length, chunk, options, progress), prompt_len, held)
+        return _streamed(_rows(_pieces(generator, args, prompt_len, length, chunk, options, progress), prompt_len),
+                         held)
     if progress is None:
         tokens, new = generator.generate_padded(*args, tf.constant(length), *options)
         return cut(tokens.numpy(), new.numpy())
@@ -182,10 +195,19 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     return cut(state["tokens"].numpy(), state["lengths"].numpy())
 
 
-def _pieces(generator, args, prompt_len, length, chunk, options, progress):
+def _padded(prompts, prompt_len):
+    """The prompts left-padded to prompt_len (a tensor [batch, prompt_len]) and each row's padding."""
+    padded = np.zeros([len(prompts), prompt_len], np.int32)
+    for row, p in enumerate(prompts):
+        padded[row, prompt_len - len(p):] = p
+    return tf.constant(padded), tf.constant([prompt_len - len(p) for p in prompts], tf.int32)
+
+
+def _pieces(generator, args, prompt_len, length, chunk, options, progress, carry=None):
     """Run the loop `chunk` new tokens at a time: yields (the loop's state, whether it is the
-    last), telling `progress` (if any) the count of new tokens before and after each piece."""
-    state = generator.start(*args, *options)
+    last), telling `progress` (if any) the count of new tokens before and after each piece.
+    `carry` replaces parts of the starting state (`_sliding`)."""
+    state = dict(generator.start(*args, *options), **(carry or {}))
     while True:
         i = int(state["i"])
         if progress is not None:
@@ -197,15 +219,67 @@ def _pieces(generator, args, prompt_len, length, chunk, options, progress):
         yield state, int(state["i"]) >= length or bool(tf.reduce_all(state["done"]))
 
 
-def _streamed(pieces, prompt_len, held):
-    """Each row's new tokens since the last piece, piece by piece; the last `held` tokens of a
-    running row wait until they cannot be part of a stop sequence any more."""
-    sent = None
+def _rows(pieces, prompt_len):
+    """Each piece as (each row's new tokens so far, which rows are done, whether it is the last)."""
     for state, last in pieces:
         tokens, new, done = (state[k].numpy() for k in ("tokens", "lengths", "done"))
+        yield [tokens[row, prompt_len:prompt_len + new[row]] for row in range(len(new))], done, last
+
+
+def _sliding(generator, prompts, length, keep, options, chunk, progress):
+    """Generation past the context window, in segments: the first runs as a `length` that fits
+    would (n_ctx + 1 - the longest prompt new tokens, so its tokens are the same); each next
+    one starts afresh (positions from 0) from each row's last `keep` tokens. All rows slide
+    together. The penalties' counts, the stopped rows and the random stream (token k of a row
+    draws with (seed, k)) carry over, and stop sequences may span segments. Yields pieces as
+    `_rows` does. Every segment after the first has the same shapes: two compiles in all."""
+    n_ctx, batch = generator.model.hparams.n_ctx, len(prompts)
+    new = [np.zeros(0, np.int32)] * batch  # each row's new tokens so far
+    rows, carry, step = prompts, None, 0
+    while True:
+        longest = max(map(len, rows))
+        window = n_ctx + 1 - longest
+        count = min(window, length - step)
+        prompt_len, total = (int(n) for n in plan(longest, window, n_ctx))
+        padded, pad = _padded(rows, prompt_len)
+        args = (generator.weights_for(window, batch), padded, pad, tf.zeros([batch, total], tf.int32))
+        told = None if progress is None else lambda i, step=step: progress(step + i)
+        for state, last in _pieces(generator, args, prompt_len, count, chunk, _continued(options, step, rows, new),
+                                   told, carry):
+            tokens, lengths, done = (state[k].numpy() for k in ("tokens", "lengths", "done"))
+            # a negative length: a stop sequence that began in an earlier segment, cut from it
+            so_far = [np.concatenate([old[:len(old) + min(n, 0)], tokens[row, prompt_len:prompt_len + max(n, 0)]])
+                      for row, (old, n) in enumerate(zip(new, lengths))]
+            yield so_far, done, last and (step + count >= length or done.all())
+        new, step = so_far, step + count
+        if step >= length or done.all():
+            return
+        carry = {k: state[k] for k in ("done", "counts", "seen") if k in state}
+        rows = [np.concatenate([p, n])[-keep:] for p, n in zip(prompts, new)]
+
+
+def _continued(options, step, rows, new):
+    """The loop's options for a segment that starts after `step` new tokens (`_sliding`): the
+    controls tell the loop where the random stream is and, for stop sequences, how many of
+    each row's prompt tokens are new ones."""
+    if not step:
+        return options
+    controls = dict(options[7] if len(options) > 7 else {}, step=tf.constant(step))
+    if "stop" in controls:
+        controls["carried"] = tf.constant([min(len(r), len(n)) for r, n in zip(rows, new)], tf.int32)
+    return options[:7] + (controls,)
+
+
+def _streamed(pieces, held):
+    """Each row's new tokens since the last piece, piece by piece (pieces as `_rows` yields
+    them); the last `held` tokens of a running row wait until they cannot be part of a stop
+    sequence any more."""
+    sent = None
+    for rows, done, last in pieces:
+        new = np.array([len(row) for row in rows])
         sent = np.zeros_like(new) if sent is None else sent
         ready = np.where(done | last, new, np.maximum(sent, new - held))
-        yield [tokens[row, prompt_len + sent[row]:prompt_len + ready[row]] for row in range(len(new))]
+        yield [row[start:end] for row, start, end in zip(rows, sent, ready)]
         sent = ready
 
 
@@ -254,13 +328,13 @@ def _stops(stop, n_vocab, batch):
 
 def sample_sequence(*, model, length, start_token=None, batch_size=None, context=None,
                     temperature=1, top_k=0, top_p=1, seed=None, stop_at_eot=False, jit_compile=True,
-                    progress=None, stream=False, **controls):
+                    progress=None, stream=False, context_keep=None, **controls):
     """The original's `sample_sequence`: returns context + `length` sampled tokens as an array
     [batch, context_len + length], for `context` [batch, context_len] or `start_token` and
     `batch_size`. Works for any batch size (the original fails above 1) and at temperature 0
     (greedy). A `context` whose rows differ in length gives a list of arrays instead; so does
-    `stop_at_eot` or a `stop` control, whose rows may end early. `progress`, `stream` and the
-    controls (`logit_bias`, `repetition_penalty`, ..., `stop`): see `generate`.
+    `stop_at_eot` or a `stop` control, whose rows may end early. `progress`, `stream`,
+    `context_keep` (a `length` past n_ctx) and the controls (`logit_bias`, ..., `stop`): see `generate`.
     """
     if (start_token is None) == (context is None):
         raise ValueError("Specify exactly one of start_token and context!")
@@ -271,7 +345,7 @@ def sample_sequence(*, model, length, start_token=None, batch_size=None, context
         context = [[start_token]] * batch_size
     rows = generate(model, list(context), length, temperature=temperature, top_k=top_k, top_p=top_p,
                     seed=seed, stop_at_eot=stop_at_eot, jit_compile=jit_compile, progress=progress,
-                    stream=stream, **controls)
+                    stream=stream, context_keep=context_keep, **controls)
     if stream:
         return rows
     same = len({len(r) for r in rows}) == 1 and not stop_at_eot and not controls.get("stop")

@@ -105,6 +105,9 @@ def parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=No
                    help="add VALUE to the token's logit; -100 or -inf bans it (repeat the flag for more tokens)")
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a sample where it generates TEXT's tokens, leaving them out (repeat the flag for more)")
+    p.add_argument("--context_keep", type=ranged(int, 1), metavar="TOKENS",
+                   help="let --length go past the model's window: when it is full, go on from the last TOKENS "
+                        "tokens (below n_ctx; n_ctx // 2 is usual). Default: refuse such a --length")
     p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
     p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
@@ -114,18 +117,27 @@ def parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=No
 
 def load(args, default_length):
     """The model, its encoder and the number of tokens to generate (`default_length(n_ctx)`
-    without --length). Exits with a message for a length over n_ctx or an unusable folder."""
+    without --length). Exits with a message for a length over n_ctx (without --context_keep),
+    a --context_keep not below it or an unusable folder."""
     try:
         folder = model_dir(args)
         n_ctx = load_hparams(folder).n_ctx
-        if args.length is not None and args.length > n_ctx:
-            sys.exit(f"Can't get samples longer than window size: {n_ctx}")
+        check_window(args, n_ctx)
         from ..formats.checkpoint import load_model
         enc = encoder_of(folder)
         model = load_model(folder, dtype=args.dtype)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     return model, enc, default_length(n_ctx) if args.length is None else args.length
+
+
+def check_window(args, n_ctx):
+    """Exits where --length does not fit the window n_ctx (without --context_keep) or
+    --context_keep is not below it."""
+    if args.context_keep is None and args.length is not None and args.length > n_ctx:
+        sys.exit(f"Can't get samples longer than window size: {n_ctx}")
+    if args.context_keep is not None and args.context_keep >= n_ctx:
+        sys.exit(f"error: --context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
 
 
 def load_litert(args, default_length):
@@ -137,8 +149,7 @@ def load_litert(args, default_length):
         enc = encoder_of(args.model_dir or os.path.join(args.models_dir, args.model_name))
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
-    if args.length is not None and args.length > model.n_ctx:
-        sys.exit(f"Can't get samples longer than window size: {model.n_ctx}")
+    check_window(args, model.n_ctx)
     return model, enc, default_length(model.n_ctx) if args.length is None else args.length
 
 
@@ -152,7 +163,7 @@ def controls(args, enc, n_vocab):
         sys.exit("error: --stop: the text is empty")
     return dict(logit_bias=bias, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                 frequency_penalty=args.frequency_penalty, min_p=args.min_p,
-                stop=[enc.encode(text) for text in args.stop or []])
+                stop=[enc.encode(text) for text in args.stop or []], context_keep=args.context_keep)
 
 
 def print_batch(model, enc, args, length, context, batch, first, count):

@@ -44,14 +44,16 @@ def main(argv=None, prog="tfgpt2 generate"):
     if args.litert and args.dtype != "float32":
         p.error("--dtype does not apply to --litert (the file's weights are as exported)")
     if args.litert and (args.logit_bias or args.stop or args.min_p or args.presence_penalty
-                        or args.frequency_penalty or args.repetition_penalty != 1):
+                        or args.frequency_penalty or args.repetition_penalty != 1 or args.context_keep):
         p.error("--litert samples with --temperature, --top_k and --top_p only (not --logit_bias, --stop, "
-                "--min_p or the penalties)")
+                "--min_p, the penalties or --context_keep)")
     model, enc, length = (load_litert if args.litert else load)(
         args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
     context = [enc.eot_token] if args.prompt is None else enc.encode(args.prompt)
     n_ctx = model.n_ctx if args.litert else model.hparams.n_ctx
-    if not fits(len(context), length, n_ctx):
+    if args.context_keep is not None and len(context) > n_ctx:
+        sys.exit(f"error: --prompt has {len(context)} tokens, more than the model's window of {n_ctx}")
+    if args.context_keep is None and not fits(len(context), length, n_ctx):
         sys.exit(f"error: --prompt has {len(context)} tokens; with --length {length} at most "
                  f"{n_ctx - length + 1} fit in the model's window of {n_ctx}")
     generated, batch = 0, 0

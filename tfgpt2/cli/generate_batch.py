@@ -25,10 +25,14 @@ lines; a batch partly written is generated again and only its missing rows are w
 
 The generation controls (--min_p, --repetition_penalty, --presence_penalty,
 --frequency_penalty, --logit_bias, --stop: docs/generation.md) apply to every line; a row
-that ends with a --stop text leaves it out of "text" and "tokens".
+that ends with a --stop text leaves it out of "text" and "tokens". A line may set its own,
+over the flags: "temperature", "top_k", "top_p", "min_p", "seed", "logit_bias" ({"id":
+value}), "repetition_penalty", "presence_penalty", "frequency_penalty", "stop" (a list of
+texts), "stop_at_eot". Only lines with the same such fields share a batch; a line with a
+"seed" is generated alone, so its text is `tfgpt2.generate`'s for that prompt and seed.
 
 Bad lines (not a JSON object with a string "prompt", an empty prompt, a prompt whose tokens
-+ --length - 1 exceed the context window) stop the run before any generation with an error
++ --length - 1 exceed the context window, a field of a bad value) stop the run before any generation with an error
 naming the line; --skip_bad counts them on stderr and goes on.
 
 --workers N runs N processes of this command, worker k taking the batches b with
@@ -44,6 +48,7 @@ import argparse
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -76,9 +81,62 @@ def arguments(argv, prog="tfgpt2 generate-batch"):
     return args
 
 
+def _number(value, low=-math.inf, high=math.inf, *, above=False):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > low if above else value >= low) and value <= high)
+
+
+def _integer(value, low, high):
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+FIELDS = {  # a line's control: (what its value must be, the check, given n_vocab)
+    "temperature": ("a number >= 0", lambda v, _: _number(v, 0)),
+    "top_k": ("an integer >= 0", lambda v, _: _integer(v, 0, 2**31 - 1)),
+    "top_p": ("a number in [0, 1]", lambda v, _: _number(v, 0, 1)),
+    "min_p": ("a number in [0, 1]", lambda v, _: _number(v, 0, 1)),
+    "seed": ("an integer in [0, 2**32)", lambda v, _: _integer(v, 0, 2**32 - 1)),
+    "repetition_penalty": ("a number > 0", lambda v, _: _number(v, 0, above=True)),
+    "presence_penalty": ("a number >= 0", lambda v, _: _number(v, 0)),
+    "frequency_penalty": ("a number >= 0", lambda v, _: _number(v, 0)),
+    "stop_at_eot": ("true or false", lambda v, _: isinstance(v, bool)),
+    "stop": ("a list of non-empty strings", lambda v, _: isinstance(v, list) and all(isinstance(t, str) and t
+                                                                                    for t in v)),
+    "logit_bias": ("an object of token ids below n_vocab to numbers (-100 or less bans)",
+                   lambda v, n_vocab: isinstance(v, dict) and all(
+                       k.isdigit() and int(k) < n_vocab and (_number(x) or x == -math.inf) for k, x in v.items())),
+}
+
+
+def line_controls(row, n_vocab):
+    """The control fields of an input line (`FIELDS`), checked, as sorted (field, value) pairs:
+    lines with equal pairs may share a batch. Raises ValueError naming the field."""
+    fields = []
+    for name in sorted(set(row) & set(FIELDS)):
+        what, ok = FIELDS[name]
+        if not ok(row[name], n_vocab):
+            raise ValueError(f"field {name!r} must be {what}, got {json.dumps(row[name])}")
+        value = row[name]
+        if name == "logit_bias":
+            value = tuple(sorted((int(k), float(x)) for k, x in value.items()))
+        fields.append((name, tuple(value) if name == "stop" else value))
+    return tuple(fields)
+
+
+def sampling(args, enc, fields, seed, flags):
+    """`tfgpt2.generate`'s keywords for a batch: the flags' (`flags`, the controls), then the
+    line's fields over them; `seed` unless the line has its own."""
+    keywords = dict(flags, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed,
+                    stop_at_eot=args.stop_at_eot)
+    for name, value in fields:
+        keywords[name] = {"logit_bias": lambda: dict(value), "stop": lambda: [enc.encode(t) for t in value]}.get(
+            name, lambda: value)()
+    return keywords
+
+
 def read_prompts(path):
-    """(line number, text) for every non-blank line of the JSONL file at `path`; a line that
-    is not a JSON object with a string "prompt" gives (line number, ValueError)."""
+    """(line number, the line's object) for every non-blank line of the JSONL file at `path`;
+    a line that is not a JSON object with a string "prompt" gives (line number, ValueError)."""
     with open(path, encoding="utf-8") as f:
         for n, raw in enumerate(f):
             if not raw.strip():
@@ -91,24 +149,32 @@ def read_prompts(path):
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 yield n, ValueError('not a JSON object with a string "prompt"')
             else:
-                yield n, row["prompt"]
+                yield n, row
 
 
-def plan(args, enc, n_ctx, length):
-    """The batches, lists of (line, prompt, tokens) of one length bucket each, smallest
-    bucket first. Raises ValueError naming the first bad line, unless --skip_bad (then each
-    is reported and counted)."""
+def plan(args, enc, n_ctx, length, n_vocab):
+    """The batches, lists of (line, prompt, tokens, controls) of one length bucket and the same
+    controls (`line_controls`) each, in the order of their controls, then smallest bucket
+    first; a line with its own "seed" alone. Raises ValueError naming the
+    first bad line, unless --skip_bad (then each is reported and counted)."""
     buckets, bad = {}, 0
-    for n, prompt in read_prompts(args.input):
-        tokens = [] if isinstance(prompt, ValueError) else enc.encode(prompt)
-        if isinstance(prompt, ValueError):
-            problem = prompt
+    for n, row in read_prompts(args.input):
+        prompt = row if isinstance(row, ValueError) else row["prompt"]
+        tokens = [] if isinstance(row, ValueError) else enc.encode(prompt)
+        fields = problem = None
+        if isinstance(row, ValueError):
+            problem = row
         elif not tokens:
             problem = "empty prompt"
-        elif not fits(len(tokens), length, n_ctx):
+        elif args.context_keep is not None and len(tokens) > n_ctx:
+            problem = f"prompt of {len(tokens)} tokens exceeds the context window n_ctx={n_ctx}"
+        elif args.context_keep is None and not fits(len(tokens), length, n_ctx):
             problem = f"prompt of {len(tokens)} tokens + --length {length} - 1 exceeds the context window n_ctx={n_ctx}"
         else:
-            problem = None
+            try:
+                fields = line_controls(row, n_vocab)
+            except ValueError as e:
+                problem = e
         if problem is not None:
             where = f"{args.input}:{n + 1} (line {n} counted from 0)"
             if not args.skip_bad:
@@ -116,7 +182,8 @@ def plan(args, enc, n_ctx, length):
             print(f"skipped {where}: {problem}", file=sys.stderr)
             bad += 1
             continue
-        buckets.setdefault(bucket(len(tokens)), []).append((n, prompt, tokens))
+        key = (json.dumps(fields), bucket(len(tokens))) + ((n,) if "seed" in dict(fields) else ())
+        buckets.setdefault(key, []).append((n, prompt, tokens, fields))
     if bad:
         print(f"skipped {bad} bad line(s) of {args.input}", file=sys.stderr)
     size = args.batch_size
@@ -185,7 +252,7 @@ def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1,
     """Generate and append the batches of this worker that have lines not yet done; a worker
     of `--workers` (`parent`: the process that started it) stops once that process is gone."""
     todo = [(b, rows) for b, rows in enumerate(batches) if b % workers == worker
-            and any(n not in done for n, _, _ in rows)]
+            and any(n not in done for n, _, _, _ in rows)]
     progress = Progress(args.quiet)
     total = sum(len(rows) for _, rows in todo)
     prompts = tokens = 0
@@ -197,11 +264,11 @@ def generate_batch(args, model, enc, length, batches, done, worker=0, workers=1,
     for b, rows in todo:
         if parent is not None and os.getppid() != parent:
             return prompts
-        context = [t for _, _, t in rows]
-        context += [context[0]] * (args.batch_size - len(context))  # one compiled shape per bucket
-        out = generate(model, context, length, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, seed=args.seed + b, stop_at_eot=args.stop_at_eot, **controlled)
-        new = [(n, prompt, out[i][len(t):].tolist()) for i, (n, prompt, t) in enumerate(rows) if n not in done]
+        context = [t for _, _, t, _ in rows]
+        if len(rows) > 1 or "seed" not in dict(rows[0][3]):  # one compiled shape per bucket
+            context += [context[0]] * (args.batch_size - len(context))
+        out = generate(model, context, length, **sampling(args, enc, rows[0][3], args.seed + b, controlled))
+        new = [(n, prompt, out[i][len(t):].tolist()) for i, (n, prompt, t, _) in enumerate(rows) if n not in done]
         append(args.output, [dict(line=n, prompt=prompt, text=enc.decode(ids), tokens=ids) for n, prompt, ids in new])
         prompts += len(new)
         tokens += sum(len(ids) for _, _, ids in new)
@@ -258,7 +325,9 @@ def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
         length = n_ctx // 2 if args.length is None else args.length
         if length < 1:
             raise ValueError(f"--length must be at least 1, got {length}")
-        batches = plan(args, enc, n_ctx, length)
+        if args.context_keep is not None and args.context_keep >= n_ctx:
+            raise ValueError(f"--context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
+        batches = plan(args, enc, n_ctx, length, load_hparams(folder).n_vocab)
         if args.worker is None:
             held = lock(args.output)
     except (OSError, ValueError) as e:

@@ -51,7 +51,11 @@ def main(argv=None, prog="tfgpt2 interactive"):
     batch = 0
     for number, prompt in prompts():
         context = enc.encode(prompt)
-        if not fits(len(context), length, n_ctx):
+        if args.context_keep is not None and len(context) > n_ctx:
+            print(f"error: line {number}: the prompt has {len(context)} tokens, more than the model's window "
+                  f"of {n_ctx}", file=sys.stderr)
+            continue
+        if args.context_keep is None and not fits(len(context), length, n_ctx):
             print(f"error: line {number}: the prompt has {len(context)} tokens; with --length {length} "
                   f"at most {n_ctx - length + 1} fit in the model's window of {n_ctx}", file=sys.stderr)
             continue

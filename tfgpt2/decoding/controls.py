@@ -13,6 +13,10 @@ before they existed, and their values never cause a compile):
 - "min_p" float32 [batch]: applied by `sample.choose` (`min_p_logits`), after top-k and top-p.
 - "stop" int32 [batch, S, L], stop sequences right-aligned (`aligned_stops`): a row ends as
   soon as its new tokens end with one, and the sequence is taken off the row.
+- "step" int32 scalar, "carried" int32 [batch]: set by `sample.generate` past the context
+  window, for a segment after the first: the count of new tokens before it (where the random
+  stream goes on) and, with "stop", how many of each row's prompt tokens are new tokens (so
+  that a stop sequence may begin in the segment before).
 
 `check_controls` holds the checks, shared by `tfgpt2.generate` (eagerly) and the SavedModel.
 """
@@ -125,7 +129,7 @@ def adjusted(logits, controls, state):
 
 def stop_length(tokens, start, end, stop):
     """Per row, the length of the longest of the `stop` sequences (`aligned_stops`) that the new
-    tokens tokens[:, start:end] end with; 0 where none."""
+    tokens tokens[:, start:end] end with; 0 where none (`start` a scalar or [batch, 1])."""
     width = tf.shape(stop)[-1]
     columns = end - width + tf.range(width)
     window = tf.where(columns >= start, tf.gather(tokens, tf.maximum(columns, 0), axis=1), -2)

@@ -88,15 +88,17 @@ class Generator:
         """New token number i (eot for rows already stopped), written after the prompt; a row
         whose new tokens end with a stop sequence stops, its length cut before it."""
         i, done, controls = state["i"], state["done"], controls or {}
+        drawn = i + controls["step"] if "step" in controls else i  # the random stream's place
         token = self.choose(control.adjusted(logits, controls, state), temperature=tf.cast(temperature, tf.float32),
-                            top_k=top_k, top_p=top_p, seed=tf.stack([seed, tf.cast(i, tf.int64)]),
+                            top_k=top_k, top_p=top_p, seed=tf.stack([seed, tf.cast(drawn, tf.int64)]),
                             filters=filters, min_p=controls.get("min_p"))
         token = tf.where(done, eot, token)
         tokens = tf.tensor_scatter_nd_update(state["tokens"], _column(token, prompt_len + i), token)
         lengths = state["lengths"] + tf.cast(tf.logical_not(done), tf.int32)
         stopped = tf.logical_or(done, tf.logical_and(stop_at_eot, tf.equal(token, eot)))
         if "stop" in controls:
-            cut = tf.where(done, 0, control.stop_length(tokens, prompt_len, prompt_len + i + 1, controls["stop"]))
+            start = prompt_len - controls["carried"][:, None] if "carried" in controls else prompt_len
+            cut = tf.where(done, 0, control.stop_length(tokens, start, prompt_len + i + 1, controls["stop"]))
             lengths, stopped = lengths - cut, tf.logical_or(stopped, cut > 0)
         state = control.counted(state, token, tf.logical_not(done))
         return dict(state, i=i + 1, token=token, tokens=tokens, lengths=lengths, done=stopped)
