@@ -29,8 +29,10 @@ class Generator:
         self.model, self.choose = model, choose
         self.jit_compile = jit_compile
         self.traces = 0
+        # traced as written: nothing in the loop needs autograph, which would rewrite the model's code
         self.generate_padded, self.start, self.resume = (
-            tf.function(self._counted(f), jit_compile=jit_compile, autograph=False) for f in (self._generate, self._start, self._resume))
+            tf.function(self._counted(f), jit_compile=jit_compile, autograph=False)
+            for f in (self._generate, self._start, self._resume))
         self.transposed = tf.function(lambda: layouts.transposed(model))
 
     def _counted(self, f):
