@@ -13,6 +13,7 @@ and `<!-- benchmarks:end -->` in that file becomes a table of the reports' headl
 import argparse
 import glob
 import os
+import re
 import sys
 
 try:
@@ -36,10 +37,13 @@ obtained and how to measure it is in [performance.md](performance.md).
 
 
 def rank(name):
+    """The section's place in ORDER, then the name with its numbers in numeric order
+    (train-lora-355M before train-lora-1558M)."""
+    natural = [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
     for i, prefix in enumerate(ORDER):
         if name == prefix or name.startswith(prefix + "-") or name.startswith(prefix + "_"):
-            return (i, name)
-    return (len(ORDER), name)
+            return (i, natural)
+    return (len(ORDER), natural)
 
 
 def reports(directory):
