@@ -102,10 +102,11 @@ class Signatures(tf.Module):
         def decode(input_ids, position, *cache):
             return run(input_ids, position, list(zip(cache[::2], cache[1::2])))
 
-        self.prefill = tf.function(prefill, input_signature=[tf.TensorSpec([1, None], tf.int32, name="input_ids")])
+        self.prefill = tf.function(prefill, input_signature=[tf.TensorSpec([1, None], tf.int32, name="input_ids")],
+                                   autograph=False)
         self.decode = tf.function(decode, input_signature=[
             tf.TensorSpec([1, 1], tf.int32, name="input_ids"), tf.TensorSpec([], tf.int32, name="position"),
-            *cache_specs])
+            *cache_specs], autograph=False)
 
 
 def export_litert(model_dir_or_model, path, *, quantize="none"):
@@ -205,7 +206,7 @@ def generate_litert(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1
                   tf.constant(top_p, tf.float32),
                   hparams=types.SimpleNamespace(n_vocab=model.n_vocab, n_ctx=model.n_ctx))
 
-    pick = tf.function(choose)  # one graph for the run (eagerly, top-k's bisection is slow)
+    pick = tf.function(choose, autograph=False)  # one graph for the run (eagerly, top-k's bisection is slow)
     states = [model.prefill(p) for p in prompts]
     new = np.zeros([len(prompts), length], np.int64)
     done = np.zeros(len(prompts), bool)
