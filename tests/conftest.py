@@ -41,16 +41,20 @@ WIDE = dict(n_vocab=50257, n_ctx=128, n_embd=1024, n_head=16, n_layer=2)
 
 
 def pytest_collection_modifyitems(items):
-    """Files with the most slow tests first, each file's tests in their order: the README's
-    test command hands whole files to two workers (`-n 2 --dist loadfile`), and the longest
-    files started first (LONGEST, then by their count of slow tests) let both finish together."""
+    """The heaviest files first (HEAVIEST, in its order), then the others by their count of
+    slow tests, each file's tests in their order: the README's test command hands whole files
+    to two workers (`-n 2 --dist loadfile`, with pyproject's `--no-loadscope-reorder`, without
+    which xdist orders the files by their count of tests), and starting the longest first lets
+    both workers finish together."""
     slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: (item.path.name not in LONGEST, -slow[item.path]))  # stable: files stay whole
+    rank = {name: i for i, name in enumerate(HEAVIEST)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(HEAVIEST)), -slow[item.path]))  # stable: files whole
 
 
-# Files started first whatever their count of slow tests: test_package.py's wheel test alone runs
-# every command of the README, each a TensorFlow process (about 5 minutes on two cores)
-LONGEST = {"test_package.py"}
+# The files that take longest, most first, by the CPU time of a full run (the wheel test alone
+# runs every command of the README, each a TensorFlow process). Out of date, it costs time only.
+HEAVIEST = ["test_package.py", "test_sample.py", "test_train.py", "test_export.py", "test_precision.py",
+            "test_generate_batch.py", "test_benchmarks.py", "test_scripts.py", "test_distribute.py"]
 
 
 def require_reference():

@@ -26,18 +26,18 @@ def test_accumulate_is_tfgpt2s_alone(tiny_dir):
 
 @pytest.mark.slow  # four fresh TensorFlow processes
 def test_float32_baseline_runs_beside_the_options_given(tiny_dir, tmp_path):
-    """tfgpt2-float32 trains in float32 with XLA whatever --precision and --no_xla say, while
-    tfgpt2 takes them: the workers' own account of what they ran, in the report's rows; each
+    """tfgpt2-float32 trains with XLA whatever --no_xla says, while tfgpt2 takes it: the
+    workers' own account of what they ran, in the report's rows; each
     step counts every accumulated micro-batch, and model GFLOP/s is tokens/s times the work
     per token."""
     done = run_tool("benchmark_train.py", "--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "2",
                     "--warmup", "1", "--candidates", "tfgpt2", "tfgpt2-float32",
-                    "--precision", "mixed_bfloat16", "--no_xla", "--accumulate", "3", "--repeats", "2",
+                    "--no_xla", "--accumulate", "3", "--repeats", "2",
                     "--report", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     data = assert_report(str(tmp_path), "train", "benchmark_train.py")
     setups = {r["implementation"]: r["setup"] for r in rows(data)}
-    assert setups == {"tfgpt2": "mixed_bfloat16", "tfgpt2-float32": "float32, XLA"}
+    assert setups == {"tfgpt2": "float32", "tfgpt2-float32": "float32, XLA"}
     assert "accumulating 3 micro-batches" in data["notes"][0]
     flops = flops_per_token(TINY, 15)
     assert data["settings"]["flops_per_token"] == flops
