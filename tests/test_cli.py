@@ -18,12 +18,6 @@ from tfgpt2.cli import common, generate_batch
 from tfgpt2.cli import main as cli
 from tfgpt2.cli.export import main as export_main
 
-# What TensorFlow writes to descriptor 2 as it starts (absl, the CUDA stubs, the CPU feature
-# notice, cuInit on a machine without a GPU, oneDNN), and its C++ log lines in general.
-TF_STARTUP = re.compile(r"absl::InitializeLog|cudart_stub|cpu_feature_guard|cuInit|oneDNN|"
-                        r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
-
-
 def cli_env():
     """The environment a user's shell gives: the checkout importable, no TF_CPP_MIN_LOG_LEVEL
     (conftest sets one for the tests' own process)."""
@@ -168,24 +162,10 @@ def test_evaluate_and_generate_batch_show_progress_unless_quiet(tiny_dir, tmp_pa
 
 
 @pytest.mark.slow
-def test_the_command_keeps_tensorflows_start_up_lines_off_stderr_but_not_later_errors(tiny_dir, tmp_path):
-    """`tfgpt2 generate --prompt`, which runs the model (past cuInit): nothing on stderr; greedy
-    samples are the library's greedy continuation of the prompt. An error after start-up still
-    reaches stderr. (tests/test_package.py checks every command it runs from the wheel.)"""
-    from tfgpt2.encoder import get_encoder
-    from tfgpt2.formats.checkpoint import load_model
-    from tfgpt2.sample import generate
-
-    run = tfgpt2("generate", "--model_dir", tiny_dir, "--prompt", "Hello world", "--nsamples", "2",
-                 "--batch_size", "2", "--length", "6", "--top_k", "1", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    assert not TF_STARTUP.search(run.stderr) and run.stderr == "", run.stderr
-    enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
-    prompt = enc.encode("Hello world")
-    greedy = enc.decode(generate(load_model(tiny_dir), [prompt], 6, top_k=1)[0][len(prompt):].tolist())
-    banner = "=" * 40 + " SAMPLE {} " + "=" * 40
-    assert run.stdout == "".join(f"{banner.format(n)}\n{greedy}\n" for n in (1, 2))
-
+def test_the_command_keeps_tensorflows_start_up_lines_off_stderr_but_not_later_errors(tmp_path):
+    """An error after TensorFlow's start-up still reaches stderr, alone. (That a command which
+    runs the model prints nothing on stderr, tests/test_package.py checks for every command the
+    README shows, through the wheel's `tfgpt2`.)"""
     failed = tfgpt2("generate", "--model_dir", str(tmp_path / "missing"), cwd=tmp_path)
     assert failed.returncode == 1
     assert failed.stderr == f"error: {tmp_path / 'missing'}: no such model folder (the published models are " \
