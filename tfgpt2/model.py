@@ -533,7 +533,7 @@ class GPT2(keras.Model):
         # compiled generation loops for this model (`tfgpt2.decoding.loop.generator_for`),
         # freed with it, as Keras keeps `predict_function` on the model
         self.generators = {}
-        self.lora_targets, self.lora = (), None  # `enable_lora`'s target names and arguments, once enabled
+        self.lora = None  # `enable_lora`'s arguments, once enabled
         self.build()
         if lora:
             self.enable_lora(lora["rank"], lora["targets"], lora_alpha=lora["alpha"])
@@ -562,6 +562,11 @@ class GPT2(keras.Model):
             base = policy.default_policy if isinstance(policy, keras.dtype_policies.DTypePolicyMap) else policy
             config["dtype"] = keras.dtype_policies.serialize(keras.dtype_policies.DTypePolicyMap(base, quantized))
         return config
+
+    @property
+    def lora_targets(self):
+        """The `enable_lora` target names; () without LoRA."""
+        return tuple(self.lora["targets"]) if self.lora else ()
 
     def conv1d_layers(self):
         """[(name, Conv1D)] of every block, named as `enable_lora` takes them: "h0/attn/c_attn",
@@ -600,7 +605,6 @@ class GPT2(keras.Model):
             variable.trainable = False
         for i, conv in enumerate(adapted):
             conv.enable_lora(rank, lora_alpha, keras.initializers.HeUniform(None if seed is None else seed + i))
-        self.lora_targets = targets
         self.lora = {"rank": int(rank), "alpha": adapted[0].lora_alpha, "targets": list(targets)}
         self.generators.clear()  # compiled without the adapters
 

@@ -18,11 +18,7 @@ CONFIG = "lora/config"
 
 def lora_config(model, base=None):
     """{"rank", "alpha", "targets", "base"} of a model with LoRA enabled; None without."""
-    adapted = [conv for _, conv in model.conv1d_layers() if conv.lora_enabled]
-    if not adapted:
-        return None
-    return {"rank": adapted[0].lora_rank, "alpha": adapted[0].lora_alpha,
-            "targets": list(model.lora_targets), "base": base}
+    return {**model.lora, "base": base} if model.lora else None
 
 
 def adapter_tensors(model, base=None):
