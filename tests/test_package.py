@@ -177,13 +177,55 @@ EXPECTED = {"tfgpt2 download ": r"^models/124M: 124M complete$",
             "tfgpt2 params ": r"^total, tied +[0-9,]+$"}
 
 
+# Runs README commands one after another in one process of the wheel's venv, each as the
+# `tfgpt2` console script runs it (`tfgpt2_cli.main` on its argv), in its folder, with its stdin,
+# and descriptors 1 and 2 caught in files: one TensorFlow start-up for them all.
+IN_ONE_PROCESS = """
+import json, os, shlex, sys, tempfile, tfgpt2_cli
+results = []
+for command, cwd in json.load(open(sys.argv[1])):
+    os.chdir(cwd)
+    text = None
+    if command.startswith("echo "):
+        echoed, command = command.split(" | ", 1)
+        text = " ".join(shlex.split(echoed)[1:]) + "\\n"
+    sys.argv = shlex.split(command)
+    stdin, saved_stdin = tempfile.TemporaryFile("w+"), sys.stdin
+    stdin.write(text or "")
+    stdin.seek(0)
+    sys.stdin = stdin
+    files, saved = [tempfile.TemporaryFile("w+") for _ in range(2)], [os.dup(1), os.dup(2)]
+    sys.stdout.flush(), sys.stderr.flush()
+    for fd, f in zip((1, 2), files):
+        os.dup2(f.fileno(), fd)
+    try:
+        code = tfgpt2_cli.main()
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        code = "Traceback"
+    sys.stdout.flush(), sys.stderr.flush()
+    for fd, copy in zip((1, 2), saved):
+        os.dup2(copy, fd)
+        os.close(copy)
+    sys.stdin = saved_stdin
+    out, err = [(f.seek(0), f.read())[1] for f in files]
+    results.append(dict(command=command, code=code or 0, stdout=out, stderr=err))
+print(json.dumps(results))
+"""
+
+
 @pytest.mark.slow
 def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_repository(storage, tmp_path):
     """`pip wheel`, installed into a fresh venv; then, in a folder of its own, every command's
     --help (one process through the console script's module), and every `tfgpt2` command the
-    README shows, as written and in its order, with the wheel's `tfgpt2`: the download from a
-    local stand-in for OpenAI's storage (only `--base_url` added), the others on what the
-    earlier ones wrote. Each must succeed with none of TensorFlow's start-up lines on stderr."""
+    README shows, as written and in its order: the first (the download from a local stand-in
+    for OpenAI's storage, only `--base_url` added) with the wheel's `tfgpt2` from a shell, the
+    others, on what the earlier ones wrote, through the same console script's function in one
+    process (IN_ONE_PROCESS: the commands share no state). Each must succeed with none of
+    TensorFlow's start-up or log lines on stderr."""
     python, site = install(build_wheel(tmp_path), tmp_path / "venv")
     work, side = tmp_path / "work", tmp_path / "offline"  # make-checkpoint's 124M does not replace the download
     work.mkdir()
@@ -196,11 +238,14 @@ def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_reposit
     env.update(PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(python.parent.parent))
     assert (python.parent / "tfgpt2").is_file()
 
-    def succeeded(result, command):
-        assert result.returncode == 0, f"{command}: {result.stderr[-3000:]}"
-        assert not TF_STARTUP.search(result.stderr), f"{command}: {result.stderr[-3000:]}"
-        assert "Traceback" not in result.stderr, f"{command}: {result.stderr[-3000:]}"
-        return result
+    def succeeded(command, code, stdout, stderr):
+        assert code == 0, f"{command}: {stderr[-3000:]}"
+        assert not TF_STARTUP.search(stderr), f"{command}: {stderr[-3000:]}"
+        assert "Traceback" not in stderr, f"{command}: {stderr[-3000:]}"
+        for start, pattern in EXPECTED.items():
+            if command.startswith(start):
+                assert re.search(pattern, stdout + stderr, re.M), f"{command}: {stdout[-2000:]}"
+        return stdout
 
     helps = [[], *([name] for name in COMMANDS)]
     code = ("import sys, tfgpt2_cli\n"
@@ -209,9 +254,8 @@ def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_reposit
             "    try:\n        tfgpt2_cli.main()\n"
             "    except SystemExit as e:\n        assert not e.code, (args, e.code)\n"
             "    print('<end of help>', flush=True)\n")
-    result = succeeded(subprocess.run([str(python), "-c", code], cwd=work, env=env, capture_output=True, text=True,
-                                      timeout=600), "--help")
-    pages = result.stdout.split("<end of help>\n")[:-1]
+    result = subprocess.run([str(python), "-c", code], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    pages = succeeded("--help", result.returncode, result.stdout, result.stderr).split("<end of help>\n")[:-1]
     assert len(pages) == len(helps)
     assert all(re.search(rf"^  {command} +\S", pages[0], re.M) for command in COMMANDS), pages[0]
     for name, out in zip(COMMANDS, pages[1:]):
@@ -221,16 +265,21 @@ def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_reposit
     reference = str(require_reference())
     (work / "corpus.txt").write_text("It was the best of times, it was the worst of times. " * 40)
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hello", "Once upon a"]))
-    for command in readme_commands():
-        if " download " in f" {command} ":
-            command += f" --base_url {storage.url}"
-        command = command.replace("--reference_src gpt-2/src", f"--reference_src {shlex.quote(reference)}")
-        cwd = side if command.startswith("tfgpt2 make-checkpoint ") else work
-        result = succeeded(subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True,
-                                          timeout=600), command)
-        for start, pattern in EXPECTED.items():
-            if command.startswith(start):
-                assert re.search(pattern, result.stdout + result.stderr, re.M), f"{command}: {result.stdout[-2000:]}"
+    first, *rest = readme_commands()
+    assert first.startswith("tfgpt2 download ")
+    first += f" --base_url {storage.url}"
+    result = subprocess.run(first, shell=True, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    succeeded(first, result.returncode, result.stdout, result.stderr)
+    plan = [(command.replace("--reference_src gpt-2/src", f"--reference_src {shlex.quote(reference)}"),
+             str(side if command.startswith("tfgpt2 make-checkpoint ") else work)) for command in rest]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    result = subprocess.run([str(python), "-c", IN_ONE_PROCESS, str(tmp_path / "plan.json")], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ran = json.loads(result.stdout.splitlines()[-1])
+    assert [r["command"] for r in ran] == [c.split(" | ", 1)[-1] for c, _ in plan]
+    for r in ran:
+        succeeded(**r)
     assert json.loads((work / "models" / "124M" / "hparams.json").read_text())["n_layer"] == TINY["n_layer"]
     assert json.loads((side / "models" / "124M" / "hparams.json").read_text())["n_layer"] == 12
     assert (work / "checkpoint" / "run1" / "model-200.index").is_file()
