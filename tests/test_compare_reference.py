@@ -132,13 +132,13 @@ def test_diff_is_relative_to_the_largest_reference_value():
     assert compare.diff(np.ones(2), np.zeros(2)).rel == np.inf
 
 
-def test_notebook_executes_with_its_asserts(gpt2_124m_dir, monkeypatch):
-    """Top to bottom on 124M-shaped random weights, in the kernel of this interpreter: the
-    worker's folder, handed over as TFGPT2_MODEL_DIR (without it the notebook writes its own,
-    with the same code)."""
+def test_notebook_executes_with_its_asserts(tiny_dir, monkeypatch):
+    """Top to bottom in the kernel of this interpreter, on the worker's tiny folder handed over
+    as TFGPT2_MODEL_DIR (without it the notebook writes 124M-shaped random weights with the same
+    code; the 124M shape is compared with the reference in test_sample and test_precision)."""
     monkeypatch.setenv("TFGPT2_REFERENCE_SRC", str(require_reference()))
-    monkeypatch.setenv("TFGPT2_MODEL_DIR", gpt2_124m_dir)
+    monkeypatch.setenv("TFGPT2_MODEL_DIR", tiny_dir)
     stdout = execute_notebook(NOTEBOOK)
     assert f"python: {sys.executable}\n" in stdout
-    assert "first layer that differs: None" in stdout and "first layer that differs: h5" in stdout
+    assert "first layer that differs: None" in stdout and "first layer that differs: h1" in stdout
     assert "tying saves 38,597,376 parameters" in stdout

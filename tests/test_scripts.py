@@ -99,17 +99,18 @@ def test_unconditional_runs_until_its_output_is_closed(tiny_dir):
         assert "Traceback" not in child.stderr.read()
 
 
-def test_length_over_the_window_is_refused_as_the_original_does(tiny_dir):
-    """(Under `python -m`, TensorFlow's start-up lines come first: the package imports it before
-    any of the command's code runs; the `tfgpt2` command hides them.)"""
-    for module in (UNCONDITIONAL, INTERACTIVE):
-        _, err = run(module, tiny_dir, "--length", "65", code=1)
-        assert err.strip().splitlines()[-1] == "Can't get samples longer than window size: 64"
+def test_length_over_the_window_is_refused_as_the_original_does(tiny_dir, capsys, signals):
+    for script in (generate_unconditional_samples, interactive_conditional_samples):
+        with pytest.raises(SystemExit) as exit:
+            script.main(flags(tiny_dir, "--length", "65"))
+        assert exit.value.code == "Can't get samples longer than window size: 64"
 
 
-def test_interactive_batch_size_must_divide_nsamples(tiny_dir):
-    _, err = run(INTERACTIVE, tiny_dir, "--nsamples", "3", "--batch_size", "2", code=2)
-    assert err.endswith("error: --batch_size 2 must divide --nsamples 3 (see --help)\n")
+def test_interactive_batch_size_must_divide_nsamples(tiny_dir, capsys, signals):
+    with pytest.raises(SystemExit) as exit:
+        interactive_conditional_samples.main(flags(tiny_dir, "--nsamples", "3", "--batch_size", "2"))
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.endswith("error: --batch_size 2 must divide --nsamples 3 (see --help)\n")
 
 
 def test_interactive_reads_one_prompt_per_line_until_end_of_input(tiny_dir):
