@@ -10,6 +10,7 @@ are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared by workers
 """
 import atexit
 import collections
+import fcntl
 import os
 import shutil
 import signal
@@ -94,8 +95,16 @@ def wide_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gpt2_124m_dir(tmp_path_factory):
-    """124M-shaped weights of std 0.1 (about 500 MB on disk)."""
-    return _folder(tmp_path_factory, "124M", published_hparams("124M"), 0.1)
+    """124M-shaped weights of std 0.1 (about 500 MB on disk), written once for all the run's
+    workers (in the folder above theirs, under a lock): read it, never write into it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _folder(tmp_path_factory, "124M", published_hparams("124M"), 0.1)
+    shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's
+    with open(shared / "124M.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((shared / "models" / "124M" / name).is_file() for name in ("checkpoint", "vocab.bpe")):
+            make_checkpoint(str(shared / "models" / "124M"), published_hparams("124M"), std=0.1, seed=1)
+    return str(shared / "models" / "124M")
 
 
 @pytest.fixture(scope="session")

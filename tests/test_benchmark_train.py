@@ -32,7 +32,7 @@ def test_float32_baseline_runs_beside_the_options_given(tiny_dir, tmp_path):
     per token."""
     done = run_tool("benchmark_train.py", "--model_dir", tiny_dir, "--batch", "2", "--length", "15", "--steps", "2",
                     "--warmup", "1", "--candidates", "tfgpt2", "tfgpt2-float32",
-                    "--no_xla", "--accumulate", "3", "--repeats", "2",
+                    "--no_xla", "--accumulate", "3", "--repeats", "1",
                     "--report", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     data = assert_report(str(tmp_path), "train", "benchmark_train.py")
@@ -42,10 +42,25 @@ def test_float32_baseline_runs_beside_the_options_given(tiny_dir, tmp_path):
     flops = flops_per_token(TINY, 15)
     assert data["settings"]["flops_per_token"] == flops
     for row in rows(data):
-        assert row["processes"] == 2 and row["first_step_s"]["n"] == 2 and row["tokens_per_s"]["n"] == 2 * 2
+        assert row["processes"] == 1 and row["first_step_s"]["n"] == 1 and row["tokens_per_s"]["n"] == 2
         assert row["tokens_per_step"] == 3 * 2 * 15
         for key in ("median", "min", "max"):
             assert row["gflops"][key] == pytest.approx(row["tokens_per_s"][key] * flops / 1e9)
+
+
+def test_a_row_spans_its_processes():
+    """--repeats N: tokens/s over every step of the N processes, the rest over the processes."""
+    from benchmarks.benchmark_train import row_of
+    runs = [dict(tokens_per_step=30, step_s=[1.0, 2.0], first_step_s=5.0, peak_rss_mb=100, precision="float32",
+                 xla=True),
+            dict(tokens_per_step=30, step_s=[3.0, 1.5], first_step_s=7.0, peak_rss_mb=120, precision="float32",
+                 xla=True)]
+    row = row_of("tfgpt2", runs, (2.0, 1.0))
+    assert row["processes"] == 2 and row["setup"] == "float32, XLA"
+    assert row["tokens_per_s"]["n"] == 4 and row["tokens_per_s"]["max"] == 30 and row["tokens_per_s"]["min"] == 10
+    assert row["first_step_s"]["median"] == 6.0 and row["peak_rss_mb"]["max"] == 120
+    assert row["gflops"]["max"] == 30 * 2.0 / 1e9
+    assert row_of("tfgpt2", [runs[0], "exit 1"], (2.0, 1.0)) == {"implementation": "tfgpt2", "error": "exit 1"}
 
 
 def test_lora_figures_count_the_models_own_variables():

@@ -1,10 +1,7 @@
 """LoRA (`GPT2.enable_lora`, `tfgpt2 train --lora_rank`): Keras' convention for the adapters,
 only they train, and the run folder holds the merged weights in OpenAI's layout (restored by
 OpenAI's code) beside the adapters, from which a run continues exactly."""
-import ast
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,8 +16,8 @@ from tfgpt2.model import GPT2
 from tfgpt2.testing.reference import Reference
 from tfgpt2.train import flags
 
-from conftest import ROOT, TINY, require_reference
-from test_train import MIRRORED, SAMPLE_LENGTH, ids_npz, micro_dir, random_ids, run, run_interrupted  # noqa: F401
+from conftest import TINY, require_reference
+from test_train import ids_npz, micro_dir, random_ids, run, run_interrupted  # noqa: F401
 
 
 def tensors(prefix):
@@ -216,22 +213,3 @@ def test_lora_with_remat_and_mixed_precision(micro_dir, tmp_path):
     assert {v.dtype for name, v in adapters.items() if name != lora.CONFIG} == {np.dtype("float32")}
     step = np.abs(adapters["model/h0/mlp/c_fc/lora_kernel_b"]).max()
     assert step > 1e-3  # loss scaling skipped no more than it should
-
-
-@pytest.mark.slow
-def test_lora_on_two_replicas_equals_one_device(micro_dir, tmp_path):
-    """A MirroredStrategy over two logical CPUs (a fresh process), gradients accumulated."""
-    argv = ["--models_dir", os.path.dirname(micro_dir), "--model_name", "micro", "--checkpoint_dir", str(tmp_path),
-            "--dataset", ids_npz(tmp_path / "d.npz", random_ids(100)), "--steps", "2", "--sample_every", "0",
-            "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), "--accumulate_gradients", "2",
-            "--learning_rate", "1e-2", "--lora_rank", "2", "--no_xla"]
-    out = subprocess.run([sys.executable, "-c", MIRRORED, *argv], capture_output=True, text=True, cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert out.returncode == 0, out.stderr[-3000:]
-    mirrored, single = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("[(")]
-    np.testing.assert_allclose([loss for _, loss in mirrored], [loss for _, loss in single], rtol=1e-5)
-    a, b = tensors(tmp_path / "1" / "lora-2"), tensors(tmp_path / "2" / "lora-2")
-    for name in a:
-        if name != lora.CONFIG:
-            assert np.abs(b[name]).max() > 0
-            np.testing.assert_allclose(a[name], b[name], atol=1e-5, err_msg=name)
