@@ -54,18 +54,19 @@ def model(tiny_dir):
 
 @pytest.fixture(scope="module")
 def sampled(tiny_dir, tmp_path_factory, model):
-    """200 prompts and their output from one uninterrupted sampled run. Batch size 1 makes
-    200 batches (time to interrupt a run); short prompts keep to one bucket (one compile)."""
+    """80 prompts and their output from one uninterrupted sampled run. Batch size 1 makes 80
+    batches (time to interrupt a run); short prompts keep to one bucket (one compile)."""
     tmp = tmp_path_factory.mktemp("sampled")
-    src = write_input(tmp / "in.jsonl", prompts(200, seed=1, words=10))
+    src = write_input(tmp / "in.jsonl", prompts(80, seed=1, words=10))
     args = ["--length", "8", "--seed", "3", "--batch_size", "1", "--top_k", "40"]
     assert generate_batch.main(flags(tiny_dir, src, tmp / "full.jsonl", *args), model) == 0
     return src, args, rows(tmp / "full.jsonl")
 
 
 def test_200_prompts_batched_equal_each_prompt_alone_greedy(tiny_dir, tmp_path, capsys, model):
-    """Batches of 8 through XLA, against each prompt alone without XLA (each compile of the
-    tiny model costs seconds, so prompts of up to 26 words keep to three buckets)."""
+    """Batches of 8 through XLA, against prompts alone without XLA: every fifth line, which
+    visits every row of a batch of 8 and every bucket (each compile of the tiny model costs
+    seconds, so prompts of up to 26 words keep to three buckets)."""
     texts = prompts(200, words=26)
     src = write_input(tmp_path / "in.jsonl", texts)
     assert generate_batch.main(flags(tiny_dir, src, tmp_path / "out.jsonl", "--length", "8",
@@ -74,8 +75,8 @@ def test_200_prompts_batched_equal_each_prompt_alone_greedy(tiny_dir, tmp_path, 
     got = rows(tmp_path / "out.jsonl")
     assert sorted(got) == list(range(200))
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
-    assert len({bucket(len(enc.encode(text))) for text in texts}) == 3
-    for n, text in enumerate(texts):
+    assert len({bucket(len(enc.encode(text))) for text in texts[::5]}) == 3
+    for n, text in list(enumerate(texts))[::5]:
         context = enc.encode(text)
         alone = generate(model, [context], 8, temperature=0, jit_compile=False)[0][len(context):].tolist()
         assert got[n]["prompt"] == text
@@ -105,7 +106,7 @@ def test_killed_run_resumed_has_every_line_once_and_the_same_text(tiny_dir, tmp_
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stderr.read()
     written = len(rows(out))
-    assert 20 <= written < 200
+    assert 20 <= written < len(full)
     assert generate_batch.main(flags(tiny_dir, src, out, *args), model) == 0
     assert rows(out) == full
 
