@@ -1,12 +1,14 @@
 """Shared fixtures. `../shared` (beside the repository root) holds the reference code and
 vocabulary; tests that need it skip with a reason where it is absent.
 
-Model folders are written once per test worker by `tfgpt2.testing.checkpoints.make_checkpoint`
-(the code behind `tfgpt2 make-checkpoint`), with weights of std >= 0.1 so that a wrong mask,
-scale or epsilon shows in the logits. The 124M-shaped model is loaded once per worker
-(`gpt2_124m`) for the tests that only read it, and OpenAI's code on the tiny and the 124M
-folders started once per worker (`reference_tiny`, `reference_124m`). XLA's compiled programs
-are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared by workers and children.
+Model folders are written once per test worker (the 124M-shaped one once per run) by
+`tfgpt2.testing.checkpoints.make_checkpoint` (the code behind `tfgpt2 make-checkpoint`), with
+weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits. The
+124M-shaped model is loaded once per worker (`gpt2_124m`) for the tests that only read it, and
+OpenAI's code on the tiny and the 124M folders started once per worker (`reference_tiny`,
+`reference_124m`; the tests that need the 124M one share a file, so one worker starts it).
+XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
+by workers and children.
 """
 import atexit
 import collections

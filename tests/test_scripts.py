@@ -1,7 +1,8 @@
-"""The sample scripts on the tiny model (n_ctx 64), run under the original's names
-(`python -m tfgpt2.generate_unconditional_samples`, `python -m tfgpt2.interactive_conditional_samples`)
-in a child process; their commands' main() (`tfgpt2 generate`, `tfgpt2 interactive`) in this one
-where they must stop before generating."""
+"""The sample scripts on the tiny model (n_ctx 64): their commands' main() (`tfgpt2 generate`,
+`tfgpt2 interactive`) in this process, and under the original's names (`python -m
+tfgpt2.generate_unconditional_samples`, `python -m tfgpt2.interactive_conditional_samples`) in a
+child process where the process itself is tested: a closed pipe, Ctrl-C, output as it comes."""
+import io
 import json
 import os
 import re
@@ -9,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -33,27 +33,6 @@ def command(module, model_dir, *args):
     return [sys.executable, "-m", module, "--models_dir", models_dir, f"--model_name={model_name}", *args]
 
 
-def start(module, model_dir, *args, input=""):
-    """The script running in a child process (several run at once), reading `input`."""
-    with tempfile.TemporaryFile("w+") as stdin:
-        stdin.write(input)
-        stdin.seek(0)
-        return subprocess.Popen(command(module, model_dir, *args), cwd=ROOT, env=ENV, stdin=stdin,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(child, code=0):
-    """Its stdout and stderr, once it has ended with status `code` and without a traceback."""
-    out, err = child.communicate(timeout=120)
-    assert child.returncode == code, err
-    assert "Traceback" not in err, err
-    return out, err
-
-
-def run(module, model_dir, *args, input="", code=0):
-    return finish(start(module, model_dir, *args, input=input), code)
-
-
 def samples(out):
     """[(number, text)] under the original's banners, each text without print's newline."""
     parts = re.split(r"^=+ SAMPLE (\d+) =+\n", out, flags=re.M)
@@ -61,11 +40,18 @@ def samples(out):
     return [(int(n), text[:-1]) for n, text in zip(parts[1::2], parts[2::2])]
 
 
-def test_unconditional_numbers_samples_1_to_n_and_repeats_with_a_seed(tiny_dir):
+def in_process(script, model_dir, *args, capsys, monkeypatch, input=""):
+    """The command's main() in this process on `input` as stdin: its stdout and stderr."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(input))
+    assert script.main(flags(model_dir, *args)) in (None, 0)
+    return capsys.readouterr()
+
+
+def test_unconditional_numbers_samples_1_to_n_and_repeats_with_a_seed(tiny_dir, capsys, monkeypatch, signals):
     args = ["--nsamples", "3", "--length", "8"]
-    children = [start(UNCONDITIONAL, tiny_dir, *args, "--batch_size", batch_size, "--seed", "1")
-                for batch_size in ("2", "2", "1")]
-    out, again, one_at_a_time = (finish(child)[0] for child in children)
+    out, again, one_at_a_time = (
+        in_process(generate_unconditional_samples, tiny_dir, *args, "--batch_size", batch_size, "--seed", "1",
+                   capsys=capsys, monkeypatch=monkeypatch).out for batch_size in ("2", "2", "1"))
     got = samples(out)
     assert [n for n, _ in got] == [1, 2, 3]
     assert all(text for _, text in got)
@@ -74,13 +60,13 @@ def test_unconditional_numbers_samples_1_to_n_and_repeats_with_a_seed(tiny_dir):
     assert one_at_a_time != out  # as --batch_size's help says
 
 
-def test_unconditional_greedy_is_the_library_greedy(tiny_dir):
-    child = start(UNCONDITIONAL, tiny_dir, "--nsamples", "2", "--batch_size", "2", "--length", "12",
-                  "--top_k", "1")
+def test_unconditional_greedy_is_the_library_greedy(tiny_dir, capsys, monkeypatch, signals):
+    out = in_process(generate_unconditional_samples, tiny_dir, "--nsamples", "2", "--batch_size", "2", "--length",
+                     "12", "--top_k", "1", capsys=capsys, monkeypatch=monkeypatch).out
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
     tokens = sample_sequence(model=load_model(tiny_dir), length=12, start_token=enc.eot_token,
                              batch_size=2, top_k=1)
-    assert samples(finish(child)[0]) == [(1, enc.decode(tokens[0, 1:])), (2, enc.decode(tokens[1, 1:]))]
+    assert samples(out) == [(1, enc.decode(tokens[0, 1:])), (2, enc.decode(tokens[1, 1:]))]
 
 
 def test_unconditional_runs_until_its_output_is_closed(tiny_dir):
@@ -113,13 +99,13 @@ def test_interactive_batch_size_must_divide_nsamples(tiny_dir, capsys, signals):
     assert capsys.readouterr().err.endswith("error: --batch_size 2 must divide --nsamples 3 (see --help)\n")
 
 
-def test_interactive_reads_one_prompt_per_line_until_end_of_input(tiny_dir):
+def test_interactive_reads_one_prompt_per_line_until_end_of_input(tiny_dir, capsys, monkeypatch, signals):
     """Empty lines are refused, a prompt too long for the default length (n_ctx // 2 = 32)
     gets an error, the rest nsamples each; without a terminal there is no prompt text."""
     lines = "\n".join(["Hello world", "", "Hello world", "word " * 40, "The end"]) + "\n"
     args = ["--nsamples", "2", "--batch_size", "2", "--seed", "5"]
-    children = [start(INTERACTIVE, tiny_dir, *args, input=lines) for _ in range(2)]
-    (out, err), (again, _) = (finish(child) for child in children)
+    (out, err), (again, _) = (in_process(interactive_conditional_samples, tiny_dir, *args, input=lines,
+                                         capsys=capsys, monkeypatch=monkeypatch) for _ in range(2))
     assert "Model prompt >>>" not in out and "Prompt should not be empty!" in err
     assert "error: line 4: the prompt has 41 tokens; with --length 32 at most 33 fit in the model's window " \
            "of 64\n" in err
