@@ -54,10 +54,10 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: (rank.get(item.path.name, len(HEAVIEST)), -slow[item.path]))  # stable: files whole
 
 
-# The files that take longest, most first, by the CPU time of a full run (the wheel test alone
-# runs every command of the README, each a TensorFlow process). Out of date, it costs time only.
-HEAVIEST = ["test_package.py", "test_sample.py", "test_train.py", "test_export.py", "test_precision.py",
-            "test_generate_batch.py", "test_benchmarks.py", "test_scripts.py", "test_distribute.py"]
+# The files that take longest, most first, by the CPU time of a full run (their own and their
+# child processes'). Out of date, it costs time only.
+HEAVIEST = ["test_train.py", "test_sample.py", "test_export.py", "test_distribute.py", "test_generate_batch.py",
+            "test_package.py", "test_precision.py", "test_benchmarks.py", "test_model.py"]
 
 
 def require_reference():

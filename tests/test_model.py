@@ -56,18 +56,18 @@ def test_logits_and_present_match_reference(pair, length):
 @pytest.mark.slow
 def test_greedy_matches_reference_124m(gpt2_124m, reference_124m):
     """Generation (tfgpt2.sample_sequence), kept beside the 124M comparisons so that one worker
-    starts the 124M reference. Batch 2, 64 new tokens; the reference's sample_sequence only runs
+    starts the 124M reference. Batch 2, 32 new tokens; the reference's sample_sequence only runs
     at batch 1 (its top_p_logits fails above), so each of our rows is compared with the
     reference on that row."""
     model, ref = gpt2_124m, reference_124m
     context = random_tokens(0, 2, 5, model.hparams.n_vocab)
-    ours = sample_sequence(model=model, context=context, length=64, top_k=1, seed=0)
-    assert ours.shape == (2, 5 + 64)
+    ours = sample_sequence(model=model, context=context, length=32, top_k=1, seed=0)
+    assert ours.shape == (2, 5 + 32)
     for row in range(2):
-        theirs, _ = ref.sample_sequence(context=context[row:row + 1], length=64, top_k=1, seed=0)
+        theirs, _ = ref.sample_sequence(context=context[row:row + 1], length=32, top_k=1, seed=0)
         np.testing.assert_array_equal(ours[row], theirs[0], err_msg=f"row {row}")
-        if row == 0:  # alone: at batch 1, 64 >= TRANSPOSE_FROM new tokens run on the split products
-            alone = sample_sequence(model=model, context=context[:1], length=64, top_k=1, seed=0)
+        if row == 0:  # alone: at batch 1, 32 >= TRANSPOSE_FROM new tokens run on the split products
+            alone = sample_sequence(model=model, context=context[:1], length=32, top_k=1, seed=0)
             np.testing.assert_array_equal(alone[0], theirs[0], err_msg="row 0 alone")
     assert len(set(ours[0, 5:].tolist())) > 5, "degenerate continuation; weights too small?"
 
