@@ -72,40 +72,6 @@ def test_readme_setup_and_ci_install_the_package():
     assert installs[-2:] == [".venv/bin/pip install -q -r requirements.txt", ".venv/bin/pip install -q -e ."], ci
 
 
-@pytest.mark.slow
-def test_readme_example_runs_outside_the_repository(tmp_path):
-    """pip installs a copy of the package (pyproject.toml and tfgpt2/ only), and the README's
-    example runs verbatim in a folder of its own with a random "124M" of the tiny shape;
-    its results are checked against the example's comments."""
-    source, site, work = tmp_path / "source", tmp_path / "site", tmp_path / "work"
-    copy_source(source)
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                              "--no-index", "--target", str(site), str(source)],
-                             capture_output=True, text=True, timeout=300)
-    assert install.returncode == 0, install.stderr
-    hparams = default_hparams().override_from_dict(TINY)
-    make_checkpoint(str(work / "models" / "124M"), hparams, std=0.3, seed=1)
-    code = example()
-    check = ('\nimport json\nprint(json.dumps({"file": tfgpt2.__file__, "tokens": tokens, '
-             '"logits": list(out["logits"].shape), "present": list(out["present"].shape), '
-             '"rows": [len(row) for row in rows]}))\n')
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(site), TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-c", code + check], cwd=work, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.splitlines()[-1])
-    assert got["file"].startswith(str(site)), got["file"]  # the installed copy, not the checkout
-    assert got["tokens"] == comment(code, "enc.encode(")
-    assert got["rows"] == [len(got["tokens"]) + 40]
-
-    def shapes(hp):  # [logits, present] for the example's 4-token prompt
-        return [[1, 4, hp.n_vocab], [1, hp.n_layer, 2, hp.n_head, 4, hp.n_embd // hp.n_head]]
-    assert [got["logits"], got["present"]] == shapes(hparams)
-    assert [comment(code, 'out["logits"].shape'), comment(code, 'out["present"].shape')] == \
-        shapes(published_hparams("124M"))
-
-
 def copy_source(source):
     """What the package is built from (pyproject.toml's packages and module), without caches."""
     shutil.copytree(ROOT / "tfgpt2", source / "tfgpt2", ignore=shutil.ignore_patterns("__pycache__"))
@@ -177,19 +143,19 @@ EXPECTED = {"tfgpt2 download ": r"^models/124M: 124M complete$",
             "tfgpt2 params ": r"^total, tied +[0-9,]+$"}
 
 
-# Runs README commands one after another in one process of the wheel's venv, each as the
-# `tfgpt2` console script runs it (`tfgpt2_cli.main` on its argv), in its folder, with its stdin,
-# and descriptors 1 and 2 caught in files: one TensorFlow start-up for them all.
+# Runs a plan in one process of the wheel's venv: each step either Python code (run as a script
+# is) or a `tfgpt2` command line as the console script runs it (`tfgpt2_cli.main` on its argv, the
+# text an `echo ... |` before it gives as stdin), each in its folder, with descriptors 1 and 2
+# caught in files: one TensorFlow start-up for them all.
 IN_ONE_PROCESS = """
 import json, os, shlex, sys, tempfile, tfgpt2_cli
 results = []
-for command, cwd in json.load(open(sys.argv[1])):
+for kind, step, cwd in json.load(open(sys.argv[1])):
     os.chdir(cwd)
     text = None
-    if command.startswith("echo "):
-        echoed, command = command.split(" | ", 1)
+    if step.startswith("echo "):
+        echoed, step = step.split(" | ", 1)
         text = " ".join(shlex.split(echoed)[1:]) + "\\n"
-    sys.argv = shlex.split(command)
     stdin, saved_stdin = tempfile.TemporaryFile("w+"), sys.stdin
     stdin.write(text or "")
     stdin.seek(0)
@@ -199,7 +165,11 @@ for command, cwd in json.load(open(sys.argv[1])):
     for fd, f in zip((1, 2), files):
         os.dup2(f.fileno(), fd)
     try:
-        code = tfgpt2_cli.main()
+        if kind == "python":
+            code = exec(compile(step, "<example>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = shlex.split(step)
+            code = tfgpt2_cli.main()
     except SystemExit as e:
         code = e.code
     except BaseException:
@@ -212,19 +182,20 @@ for command, cwd in json.load(open(sys.argv[1])):
         os.close(copy)
     sys.stdin = saved_stdin
     out, err = [(f.seek(0), f.read())[1] for f in files]
-    results.append(dict(command=command, code=code or 0, stdout=out, stderr=err))
+    results.append(dict(step=step, code=code or 0, stdout=out, stderr=err))
 print(json.dumps(results))
 """
 
 
 @pytest.mark.slow
-def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_repository(storage, tmp_path):
-    """`pip wheel`, installed into a fresh venv; then, in a folder of its own, every command's
-    --help (one process through the console script's module), and every `tfgpt2` command the
-    README shows, as written and in its order: the first (the download from a local stand-in
-    for OpenAI's storage, only `--base_url` added) with the wheel's `tfgpt2` from a shell, the
-    others, on what the earlier ones wrote, through the same console script's function in one
-    process (IN_ONE_PROCESS: the commands share no state). Each must succeed with none of
+def test_the_wheel_runs_the_readme_outside_the_repository(storage, tmp_path):
+    """`pip wheel`, installed into a fresh venv; then, in a folder of its own, every `tfgpt2`
+    command the README shows, as written and in its order, each on what the earlier ones wrote:
+    the first (the download, from a local stand-in for OpenAI's storage, only `--base_url`
+    added) with the wheel's `tfgpt2` from a shell; then in one process (IN_ONE_PROCESS: the
+    commands share no state) every command's --help, the README's Python example (verbatim, on
+    the downloaded tiny "124M", its results checked against its comments) and the other
+    commands, through the console script's function. Each command must succeed with none of
     TensorFlow's start-up or log lines on stderr."""
     python, site = install(build_wheel(tmp_path), tmp_path / "venv")
     work, side = tmp_path / "work", tmp_path / "offline"  # make-checkpoint's 124M does not replace the download
@@ -238,29 +209,15 @@ def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_reposit
     env.update(PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(python.parent.parent))
     assert (python.parent / "tfgpt2").is_file()
 
-    def succeeded(command, code, stdout, stderr):
-        assert code == 0, f"{command}: {stderr[-3000:]}"
-        assert not TF_STARTUP.search(stderr), f"{command}: {stderr[-3000:]}"
-        assert "Traceback" not in stderr, f"{command}: {stderr[-3000:]}"
-        for start, pattern in EXPECTED.items():
-            if command.startswith(start):
-                assert re.search(pattern, stdout + stderr, re.M), f"{command}: {stdout[-2000:]}"
+    def succeeded(step, code, stdout, stderr):
+        assert code == 0, f"{step}: {stderr[-3000:]}"
+        assert not TF_STARTUP.search(stderr), f"{step}: {stderr[-3000:]}"
+        assert "Traceback" not in stderr, f"{step}: {stderr[-3000:]}"
+        if not step.endswith(" --help"):
+            for start, pattern in EXPECTED.items():
+                if step.startswith(start):
+                    assert re.search(pattern, stdout + stderr, re.M), f"{step}: {stdout[-2000:]}"
         return stdout
-
-    helps = [[], *([name] for name in COMMANDS)]
-    code = ("import sys, tfgpt2_cli\n"
-            f"for args in {helps!r}:\n"
-            "    sys.argv = ['tfgpt2', *args, '--help']\n"
-            "    try:\n        tfgpt2_cli.main()\n"
-            "    except SystemExit as e:\n        assert not e.code, (args, e.code)\n"
-            "    print('<end of help>', flush=True)\n")
-    result = subprocess.run([str(python), "-c", code], cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    pages = succeeded("--help", result.returncode, result.stdout, result.stderr).split("<end of help>\n")[:-1]
-    assert len(pages) == len(helps)
-    assert all(re.search(rf"^  {command} +\S", pages[0], re.M) for command in COMMANDS), pages[0]
-    for name, out in zip(COMMANDS, pages[1:]):
-        assert out.startswith(f"usage: tfgpt2 {name} ") and "--quiet" in out, out[:300]
-        assert re.search(rf"^ +(\S.* \| )?tfgpt2 {re.escape(name)} \S", out, re.M), out
 
     reference = str(require_reference())
     (work / "corpus.txt").write_text("It was the best of times, it was the worst of times. " * 40)
@@ -270,15 +227,42 @@ def test_the_wheels_tfgpt2_command_runs_every_readme_command_outside_the_reposit
     first += f" --base_url {storage.url}"
     result = subprocess.run(first, shell=True, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     succeeded(first, result.returncode, result.stdout, result.stderr)
-    plan = [(command.replace("--reference_src gpt-2/src", f"--reference_src {shlex.quote(reference)}"),
-             str(side if command.startswith("tfgpt2 make-checkpoint ") else work)) for command in rest]
+
+    helps = ["tfgpt2 --help", *(f"tfgpt2 {name} --help" for name in COMMANDS)]
+    code = example()
+    check = ('\nimport json\nprint(json.dumps({"file": tfgpt2.__file__, "tokens": tokens, '
+             '"logits": list(out["logits"].shape), "present": list(out["present"].shape), '
+             '"rows": [len(row) for row in rows]}))\n')
+    plan = [("command", command, str(work)) for command in helps] + [("python", code + check, str(work))]
+    plan += [("command", command.replace("--reference_src gpt-2/src", f"--reference_src {shlex.quote(reference)}"),
+              str(side if command.startswith("tfgpt2 make-checkpoint ") else work)) for command in rest]
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     result = subprocess.run([str(python), "-c", IN_ONE_PROCESS, str(tmp_path / "plan.json")], cwd=work, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     ran = json.loads(result.stdout.splitlines()[-1])
-    assert [r["command"] for r in ran] == [c.split(" | ", 1)[-1] for c, _ in plan]
-    for r in ran:
+    assert [r["step"] for r in ran] == [step.split(" | ", 1)[-1] for _, step, _ in plan]
+    pages, (example_run,), commands = ran[:len(helps)], ran[len(helps):len(helps) + 1], ran[len(helps) + 1:]
+
+    pages = [succeeded(**r) for r in pages]
+    assert all(re.search(rf"^  {command} +\S", pages[0], re.M) for command in COMMANDS), pages[0]
+    for name, out in zip(COMMANDS, pages[1:]):
+        assert out.startswith(f"usage: tfgpt2 {name} ") and "--quiet" in out, out[:300]
+        assert re.search(rf"^ +(\S.* \| )?tfgpt2 {re.escape(name)} \S", out, re.M), out
+
+    assert example_run["code"] == 0, example_run["stderr"][-3000:]
+    got = json.loads(example_run["stdout"].splitlines()[-1])
+    assert got["file"].startswith(site), got["file"]  # the installed copy, not the checkout
+    assert got["tokens"] == comment(code, "enc.encode(")
+    assert got["rows"] == [len(got["tokens"]) + 40]
+
+    def shapes(hp):  # [logits, present] for the example's 4-token prompt
+        return [[1, 4, hp.n_vocab], [1, hp.n_layer, 2, hp.n_head, 4, hp.n_embd // hp.n_head]]
+    assert [got["logits"], got["present"]] == shapes(default_hparams().override_from_dict(TINY))
+    assert [comment(code, 'out["logits"].shape'), comment(code, 'out["present"].shape')] == \
+        shapes(published_hparams("124M"))
+
+    for r in commands:
         succeeded(**r)
     assert json.loads((work / "models" / "124M" / "hparams.json").read_text())["n_layer"] == TINY["n_layer"]
     assert json.loads((side / "models" / "124M" / "hparams.json").read_text())["n_layer"] == 12
