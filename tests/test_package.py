@@ -166,7 +166,8 @@ for kind, step, cwd in json.load(open(sys.argv[1])):
         os.dup2(f.fileno(), fd)
     try:
         if kind == "python":
-            code = exec(compile(step, "<example>", "exec"), {"__name__": "__main__"})
+            exec(compile(step, "<example>", "exec"), {"__name__": "__main__"})
+            code = 0
         else:
             sys.argv = shlex.split(step)
             code = tfgpt2_cli.main()
