@@ -65,17 +65,19 @@ def sampled(tiny_dir, tmp_path_factory, model):
 
 def test_200_prompts_batched_equal_each_prompt_alone_greedy(tiny_dir, tmp_path, capsys, model):
     """Batches of 8 through XLA, against prompts alone without XLA: every fifth line, which
-    visits every row of a batch of 8 and every bucket (each compile of the tiny model costs
-    seconds, so prompts of up to 26 words keep to three buckets)."""
+    holds every row of a batch and every bucket, as asserted (each compile of the tiny model
+    costs seconds, so prompts of up to 26 words keep to three buckets)."""
     texts = prompts(200, words=26)
     src = write_input(tmp_path / "in.jsonl", texts)
-    assert generate_batch.main(flags(tiny_dir, src, tmp_path / "out.jsonl", "--length", "8",
-                                     "--temperature", "0", "--batch_size", "8"), model) == 0
+    argv = flags(tiny_dir, src, tmp_path / "out.jsonl", "--length", "8", "--temperature", "0", "--batch_size", "8")
+    assert generate_batch.main(argv, model) == 0
     assert "200/200 prompts" in capsys.readouterr().err
     got = rows(tmp_path / "out.jsonl")
     assert sorted(got) == list(range(200))
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
     assert len({bucket(len(enc.encode(text))) for text in texts[::5]}) == 3
+    batches = generate_batch.plan(generate_batch.arguments(argv), enc, 64, 8, 50257)  # the run's batches
+    assert {row for b in batches for row, (n, *_) in enumerate(b) if n % 5 == 0} == set(range(8))
     for n, text in list(enumerate(texts))[::5]:
         context = enc.encode(text)
         alone = generate(model, [context], 8, temperature=0, jit_compile=False)[0][len(context):].tolist()
