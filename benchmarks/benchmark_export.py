@@ -108,12 +108,12 @@ def tables(result):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", help="a model folder (default: a 124M-shaped one, std 0.1, made here)")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--prompt_len", type=int, default=8)
-    parser.add_argument("--short", type=int, default=49)
-    parser.add_argument("--long", type=int, default=80)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--top_k", type=int, default=40)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4], help="batch sizes, each timed")
+    parser.add_argument("--prompt_len", type=int, default=8, help="prompt tokens (random ids)")
+    parser.add_argument("--short", type=int, default=49, help="new tokens of the short run of a pair")
+    parser.add_argument("--long", type=int, default=80, help="new tokens of the long run (same bucket)")
+    parser.add_argument("--runs", type=int, default=5, help="pairs of runs per path and batch size")
+    parser.add_argument("--top_k", type=int, default=40, help="the sampling's top_k")
     report.add_arguments(parser, "export")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tfgpt2-export-bench-") as tmp:

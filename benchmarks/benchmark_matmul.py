@@ -16,7 +16,6 @@ in a process of its own, under `$TFGPT2_HF_PYTHON` where set (as in
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time

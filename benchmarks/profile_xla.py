@@ -22,7 +22,6 @@ import glob
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 

@@ -20,6 +20,11 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's threads spin while they wait: a worker (and its children) using more intra-op
+# threads than its share of the CPUs takes them from the other workers (a few per cent of the
+# suite's time with two workers on two CPUs at TensorFlow's default, one thread per CPU each)
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _workers)))
 if "tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", ""):
     # One XLA compilation cache on disk for the run (set before TensorFlow starts): the same
     # programs (tiny models, the same buckets) compile once for all tests, workers and children

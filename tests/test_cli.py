@@ -34,7 +34,7 @@ def tfgpt2(*args, cwd, timeout=300):
 
 def help_text(name):
     """`tfgpt2 NAME --help`, run in this process: (exit status, stdout)."""
-    module = importlib.import_module(f"tfgpt2.cli.{cli.COMMANDS[name][0]}")
+    module = importlib.import_module(cli.module_name(name))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         try:

@@ -22,6 +22,12 @@ def add_quiet(parser):
                         help="no progress on stderr (bars, stage lines): only the results, warnings and errors")
 
 
+def add_text_flags(parser, whose):
+    """--encoding of the text `whose` (for example "the text files'"), and --quiet."""
+    parser.add_argument("--encoding", default="utf-8", help=f"{whose} encoding")
+    add_quiet(parser)
+
+
 class Progress:
     """How a command shows long work, on stderr (stdout keeps the results): `note` writes a
     line for each stage ("loading models/124M"), `bar` is a tqdm bar, drawn only where stderr
@@ -43,6 +49,12 @@ class Progress:
     def seconds(self):
         """Seconds since the command started."""
         return time.monotonic() - self.start
+
+
+def parse(parser, argv):
+    """The arguments, and the Progress that their --quiet asks for."""
+    args = parser.parse_args(argv)
+    return args, Progress(args.quiet)
 
 
 def add_model_flags(parser, *, default="124M"):

@@ -14,7 +14,7 @@ import argparse
 from ..formats.convert import FORMATS, convert
 from ..hparams import find_model_dir
 from .args import Parser
-from .common import Progress, add_quiet
+from .common import add_quiet, parse
 
 
 def main(argv=None, prog="tfgpt2 convert"):
@@ -25,8 +25,7 @@ def main(argv=None, prog="tfgpt2 convert"):
     parser.add_argument("src", metavar="SRC", help="the folder to read")
     parser.add_argument("dst", metavar="DST", help="the folder to write (created; files in it are replaced)")
     add_quiet(parser)
-    args = parser.parse_args(argv)
-    progress = Progress(args.quiet)
+    args, progress = parse(parser, argv)
     try:
         src = args.src
         if args.src_format == "openai":

@@ -17,7 +17,7 @@ from ..encoder import get_encoder
 from ..formats.files import replacing
 from ..train.data import DatasetError, load_dataset
 from .args import ranged
-from .common import Progress, add_quiet
+from .common import add_text_flags, parse
 
 
 def main(argv=None, prog="tfgpt2 encode"):
@@ -29,10 +29,8 @@ def main(argv=None, prog="tfgpt2 encode"):
     p.add_argument("--models_dir", default="models")
     p.add_argument("--combine", type=ranged(int, 1), default=50000,
                    help="join files with <|endoftext|> until at least this many characters per chunk")
-    p.add_argument("--encoding", default="utf-8", help="the text files' encoding")
-    add_quiet(p)
-    args = p.parse_args(argv)
-    progress = Progress(args.quiet)
+    add_text_flags(p, "the text files'")
+    args, progress = parse(p, argv)
     try:
         enc = get_encoder(args.model_name, args.models_dir)
         progress.note(f"reading and encoding {args.in_text}")

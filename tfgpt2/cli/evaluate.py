@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from .args import Parser, ranged
-from .common import Progress, add_model_flags, add_quiet, encoder_of, model_dir
+from .common import add_model_flags, add_text_flags, encoder_of, model_dir, parse
 
 
 def main(argv=None, prog="tfgpt2 evaluate"):
@@ -24,13 +24,11 @@ def main(argv=None, prog="tfgpt2 evaluate"):
     p.add_argument("--stride", type=ranged(int, 1), help="tokens between window starts (default n_ctx: no overlap)")
     p.add_argument("--batch_size", type=ranged(int, 1), default=1,
                    help="windows at once (their logits take batch x n_ctx x 50257 floats: 206 MB each for 1024)")
-    p.add_argument("--encoding", default="utf-8", help="the text file's encoding")
-    add_quiet(p)
-    args = p.parse_args(argv)
+    add_text_flags(p, "the text file's")
+    args, progress = parse(p, argv)
     from ..formats.checkpoint import load_model
     from ..train import data
     from ..train.evaluate import evaluate, windows
-    progress = Progress(args.quiet)
     try:
         folder = model_dir(args)
         progress.note(f"reading and encoding {args.dataset}")

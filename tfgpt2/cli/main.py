@@ -8,21 +8,25 @@ import logging
 import os
 import sys
 
-# name: (module in tfgpt2.cli, one line for `tfgpt2 --help`)
+# name: its line in `tfgpt2 --help` (its code: the module `module_name(name)`)
 COMMANDS = {
-    "download": ("download", "fetch one of OpenAI's checkpoints (124M, 355M, 774M, 1558M) into models/"),
-    "make-checkpoint": ("make_checkpoint", "write random weights in the original layout, for offline use"),
-    "generate": ("generate", "sample text, as OpenAI's generate_unconditional_samples.py (--prompt to continue one)"),
-    "interactive": ("interactive", "continue prompts typed or piped in, as interactive_conditional_samples.py"),
-    "generate-batch": ("generate_batch", "continue every prompt of a JSONL file, resumable, over several workers"),
-    "train": ("train", "fine-tune on your text with the forks' train.py flags (run folders, resume)"),
-    "evaluate": ("evaluate", "loss, perplexity and bits per byte of a model over a text"),
-    "encode": ("encode", "pre-encode a corpus into an .npz of token chunks, as the forks' encode.py"),
-    "export": ("export", "export a SavedModel for TensorFlow Serving (logits and XLA generation)"),
-    "convert": ("convert", "convert weights between OpenAI's, Hugging Face's and KerasHub's layouts"),
-    "compare": ("compare", "run OpenAI's original code beside tfgpt2 and show where they differ"),
-    "params": ("params", "parameter counts, part by part"),
+    "download": "fetch one of OpenAI's checkpoints (124M, 355M, 774M, 1558M) into models/",
+    "make-checkpoint": "write random weights in the original layout, for offline use",
+    "generate": "sample text, as OpenAI's generate_unconditional_samples.py (--prompt to continue one)",
+    "interactive": "continue prompts typed or piped in, as interactive_conditional_samples.py",
+    "generate-batch": "continue every prompt of a JSONL file, resumable, over several workers",
+    "train": "fine-tune on your text with the forks' train.py flags (run folders, resume)",
+    "evaluate": "loss, perplexity and bits per byte of a model over a text",
+    "encode": "pre-encode a corpus into an .npz of token chunks, as the forks' encode.py",
+    "export": "export a SavedModel for TensorFlow Serving (logits and XLA generation)",
+    "convert": "convert weights between OpenAI's, Hugging Face's and KerasHub's layouts",
+    "compare": "run OpenAI's original code beside tfgpt2 and show where they differ",
+    "params": "parameter counts, part by part",
 }
+
+
+def module_name(command):
+    return "tfgpt2.cli." + command.replace("-", "_")
 
 
 class _ExpectedRetracing(logging.Filter):
@@ -43,7 +47,7 @@ def quiet():
 
 def usage():
     width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {help}" for name, (_, help) in COMMANDS.items()]
+    lines = [f"  {name:<{width}}  {help}" for name, help in COMMANDS.items()]
     return ("usage: tfgpt2 <command> [options]   (tfgpt2 <command> --help for its options and examples)\n\n"
             "OpenAI's GPT-2 in TensorFlow 2 / Keras 3.\n\ncommands:\n" + "\n".join(lines) + "\n\n"
             "Every command takes --quiet (no progress on stderr, only results and errors).\n"
@@ -56,7 +60,7 @@ def usage():
 def run_command(name, argv=None, *, prog=None):
     """Run command `name` on `argv` (default: the process's arguments) and exit with its status."""
     quiet()
-    module = importlib.import_module(f"tfgpt2.cli.{COMMANDS[name][0]}")
+    module = importlib.import_module(module_name(name))
     sys.exit(module.main(sys.argv[1:] if argv is None else argv, prog=prog or f"tfgpt2 {name}"))
 
 
