@@ -7,7 +7,7 @@ differ only by float32 rounding of the gradient sums: max abs difference 2.1e-6 
 2.5e-6 (two workers) measured, against weight changes up to 0.36; TOLERANCE is 2e-5. Adam
 would divide near-zero gradient components by their own magnitude and turn that rounding
 into differences up to its learning rate: the Adam runs (test_train's micro model) check the
-keys' bias, whose gradient is such rounding, against its own move.
+keys' bias, whose gradient is such rounding, by the size of its move.
 """
 import ast
 import json
@@ -166,17 +166,21 @@ def test_two_replicas_equal_one_device_with_adam(mirrored, micro_dir, name):
     a, b, before = weights_of(folder / "mirrored"), weights_of(folder / "single"), weights_of(micro_dir)
     # The keys' bias has a gradient of 0 (it adds the same q . b_k to a row's every score, which
     # the softmax ignores): what comes out is rounding, which Adam divides by its own size plus
-    # epsilon (1e-8). Measured: it moved by up to 2.5e-6 (1.5e-6 accumulated), and the two runs
-    # differ there by a fifth (a tenth) of that; elsewhere by 6e-8. With epsilon 1e-7 in the
-    # mirrored run only, the keys' bias differed by nine tenths of its move.
+    # epsilon (1e-8). Which rounding depends on the CPU's kernels: measured on two CPU kinds, the
+    # runs moved it by up to 1.4e-6 to 2.5e-6 and differ there by a fifth to four fifths of that
+    # (their mean moves within a tenth of each other on the AVX-512 one); elsewhere the runs
+    # differ by 6e-8. So the keys' bias is
+    # held to the size of its move: with epsilon 1e-7 in the mirrored run only, it moves a tenth
+    # as much (and the other weights differ by up to 2e-5).
     n_embd = a["model/h0/attn/c_attn/b"].shape[0] // 3
     for name in a:
         x, y = a[name], b[name]
         if name.endswith("attn/c_attn/b"):
             keys = slice(n_embd, 2 * n_embd)
-            moved = np.abs(y[keys] - before[name][keys]).max()
-            assert 0 < moved < 2 * 2e-5, (name, moved)  # 2 steps of at most about the learning rate
-            np.testing.assert_allclose(x[keys], y[keys], atol=moved / 2, err_msg=name)
+            moves = [np.abs(w[keys] - before[name][keys]) for w in (x, y)]
+            assert all(0 < m.max() < 2 * 2e-5 for m in moves), name  # 2 steps of at most about the learning rate
+            ratio = moves[0].mean() / moves[1].mean()
+            assert 2 / 3 < ratio < 3 / 2, f"{name}: the keys' bias moved {ratio:.2f} times as much mirrored"
             x, y = np.delete(x, keys), np.delete(y, keys)
         np.testing.assert_allclose(x, y, atol=1e-6, err_msg=name)
 
