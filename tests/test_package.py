@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -80,13 +81,15 @@ def copy_source(source):
 
 
 def test_every_subpackage_is_packaged():
-    """pyproject.toml lists each folder of tfgpt2 with an __init__.py (a new one must be added)."""
+    """pyproject.toml lists each folder of tfgpt2 with an __init__.py (a new one must be added),
+    and the assets folder, which holds the shipped vocabulary as its data."""
     folders = sorted(".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tfgpt2").rglob("__init__.py"))
-    text = (ROOT / "pyproject.toml").read_text()
-    listed = json.loads(re.search(r"^packages = (\[.*\])$", text, re.M).group(1))
-    assert sorted(listed) == folders == SUBPACKAGES
-    assert re.search(r'^py-modules = \["tfgpt2_cli"\]$', text, re.M)
-    assert re.search(r'^\[project\.scripts\]\ntfgpt2 = "tfgpt2_cli:main"$', text, re.M)
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)
+    setup = project["tool"]["setuptools"]
+    assert sorted(setup["packages"]) == sorted([*folders, "tfgpt2.assets"]) and folders == SUBPACKAGES
+    assert setup["package-data"] == {"tfgpt2.assets": ["encoder.json", "vocab.bpe"]}
+    assert setup["py-modules"] == ["tfgpt2_cli"] and project["project"]["scripts"] == {"tfgpt2": "tfgpt2_cli:main"}
 
 
 @pytest.fixture
