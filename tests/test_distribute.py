@@ -169,9 +169,8 @@ def test_two_replicas_equal_one_device_with_adam(mirrored, micro_dir, name):
     # epsilon (1e-8). Which rounding depends on the CPU's kernels: measured on two CPU kinds, the
     # runs moved it by up to 1.4e-6 to 2.5e-6 and differ there by a fifth to four fifths of that
     # (their mean moves within a tenth of each other on the AVX-512 one); elsewhere the runs
-    # differ by 6e-8. So the keys' bias is
-    # held to the size of its move: with epsilon 1e-7 in the mirrored run only, it moves a tenth
-    # as much (and the other weights differ by up to 2e-5).
+    # differ by 6e-8. So the keys' bias is held to the size of its move: with epsilon 1e-7 in the
+    # mirrored run only, it moves a tenth as much (and the other weights differ by up to 2e-5).
     n_embd = a["model/h0/attn/c_attn/b"].shape[0] // 3
     for name in a:
         x, y = a[name], b[name]
