@@ -17,10 +17,10 @@ import numpy as np
 
 from ..testing import compare
 from .args import Parser, ranged
-from .common import Progress, add_model_flags, add_quiet, encoder_of, model_dir
+from .common import add_model_flags, add_quiet, encoder_of, model_dir, parse
 
 
-def parse_args(argv, prog="tfgpt2 compare"):
+def make_parser(prog):
     parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(parser)
     parser.add_argument("--reference_src", required=True, type=reference_src,
@@ -35,7 +35,7 @@ def parse_args(argv, prog="tfgpt2 compare"):
                         help="self-check: add 1 to the first element of this tfgpt2 variable in memory "
                              "(e.g. model/h1/mlp/c_proj/w); the tool must then exit 1 and name its layer")
     add_quiet(parser)
-    return parser.parse_args(argv)
+    return parser
 
 
 def reference_src(path):
@@ -60,11 +60,10 @@ def fits(tokens, length, n_ctx):
 
 
 def main(argv=None, prog="tfgpt2 compare"):
-    args = parse_args(argv, prog)
+    args, progress = parse(make_parser(prog), argv)
     from ..formats.checkpoint import load_model
     from ..testing.reference import Reference, ReferenceError
 
-    progress = Progress(args.quiet)
     try:
         folder = os.path.normpath(model_dir(args))
         encoder = encoder_of(folder)

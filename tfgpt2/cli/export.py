@@ -17,7 +17,7 @@ import os
 from ..encoder import EOT_TOKEN
 from ..formats.litert import QUANTIZE
 from .args import Parser, ranged
-from .common import DTYPES, Progress, add_model_flags, add_quiet, model_dir
+from .common import DTYPES, add_model_flags, add_quiet, model_dir, parse
 
 
 def main(argv=None, prog="tfgpt2 export"):
@@ -38,19 +38,18 @@ def main(argv=None, prog="tfgpt2 export"):
     parser.add_argument("--quantize", choices=QUANTIZE,
                         help="LiteRT only: the weights as float32 (none, the default), float16 or int8")
     add_quiet(parser)
-    args = parser.parse_args(argv)
+    args, progress = parse(parser, argv)
     if args.export_dir and args.export_dir_flag and args.export_dir != args.export_dir_flag:
         parser.error(f"two export folders: {args.export_dir} and --export_dir {args.export_dir_flag}")
     export_dir = args.export_dir or args.export_dir_flag
     if not export_dir:
         parser.error("the export folder is missing: tfgpt2 export [--model_name NAME | --model_dir DIR] EXPORT_DIR")
     if args.format == "litert":
-        return export_litert_file(parser, args, export_dir)
+        return export_litert_file(parser, args, progress, export_dir)
     if args.quantize:
         parser.error("--quantize applies to --format litert (a SavedModel takes --dtype)")
     from ..formats.checkpoint import load_model
     from ..formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes
-    progress = Progress(args.quiet)
     try:
         folder = model_dir(args)
         target = os.path.join(export_dir, str(args.version))
@@ -69,7 +68,7 @@ def main(argv=None, prog="tfgpt2 export"):
     return 0
 
 
-def export_litert_file(parser, args, path):
+def export_litert_file(parser, args, progress, path):
     """--format litert: the LiteRT file at `path` (float32 weights, quantized by --quantize)."""
     given = [flag for flag, value in (("--version", args.version != 1), ("--stop_at_eot", args.stop_at_eot),
                                       ("--dtype", args.dtype != "float32"), ("--eot", args.eot != EOT_TOKEN)) if value]
@@ -77,7 +76,6 @@ def export_litert_file(parser, args, path):
         parser.error(f"{', '.join(given)} do not apply to --format litert (it takes --quantize)")
     from ..formats.checkpoint import load_model
     from ..formats.litert import export_litert
-    progress = Progress(args.quiet)
     quantize = args.quantize or "none"
     try:
         folder = model_dir(args)
