@@ -85,10 +85,6 @@ def rows(data, table=0):
     return data["tables"][table]["rows"]
 
 
-def medians(row):
-    return {k: report.median(v) for k, v in row.items()}
-
-
 # ---- report.py ----------------------------------------------------------------------------
 
 def test_spread_and_cells():
