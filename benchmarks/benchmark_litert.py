@@ -11,7 +11,7 @@ pair of runs; LiteRT: each `decode` call of the file, on the runtime's default t
 int8's quality against float32: the greedy agreement (int8's argmax along float32's greedy
 sequence, `--steps` steps after each of `--prompts` random prompts), and the ratio of mean losses
 over `--tokens` tokens of a real text (`--text`, default Python's own argparse.py): the Keras
-models through `tfgpt2.train.evaluate` (as `tfgpt2 evaluate`), the LiteRT files token by token.
+models through `tfgpt2.train.perplexity` (as `tfgpt2 evaluate`), the LiteRT files token by token.
 The report (benchmarks/report.py) goes to `--report DIR` as `--name`.json and .md (default litert).
 """
 import argparse
@@ -140,7 +140,7 @@ def main(argv=None):
     from tfgpt2.formats.saved_model import export_saved_model, folder_bytes
     from tfgpt2.hparams import published_hparams
     from tfgpt2.testing.checkpoints import make_checkpoint
-    from tfgpt2.train.evaluate import evaluate
+    from tfgpt2.train.perplexity import evaluate
     with tempfile.TemporaryDirectory(prefix="tfgpt2-litert-bench-") as tmp:
         model_dir = args.model_dir or make_checkpoint(os.path.join(tmp, "124M"), published_hparams("124M"), std=0.1)
         paths, export_s = {}, {}

@@ -36,7 +36,7 @@ if "tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tfgpt2.testing.compare import ATOL  # noqa: E402,F401  the one tolerance against the reference
+from tfgpt2.testing.reference_diff import ATOL  # noqa: E402,F401  the one tolerance against the reference
 from tfgpt2.hparams import default_hparams, published_hparams  # noqa: E402
 from tfgpt2.testing.checkpoints import make_checkpoint  # noqa: E402
 

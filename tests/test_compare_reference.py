@@ -1,4 +1,4 @@
-"""`tfgpt2 compare` (tfgpt2/cli/compare.py), the comparison behind it (tfgpt2.testing.compare),
+"""`tfgpt2 compare` (tfgpt2/cli/compare.py), the comparison behind it (tfgpt2.testing.reference_diff),
 and the notebook."""
 import os
 import sys
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, execute_notebook, require_reference
-from tfgpt2.testing import compare
+from tfgpt2.testing import reference_diff
 from tfgpt2.testing import reference as reference_module
 from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.cli.compare import main
@@ -122,14 +122,14 @@ def test_greedy_is_argmax_of_a_full_recompute(tiny_dir):
     for _ in range(5):
         logits = model(expected)["logits"].numpy()
         expected = np.concatenate([expected, logits[:, -1].argmax(-1)[:, None].astype(np.int32)], axis=1)
-    np.testing.assert_array_equal(compare.greedy(model, tokens, 5), expected)
+    np.testing.assert_array_equal(reference_diff.greedy(model, tokens, 5), expected)
 
 
 def test_diff_is_relative_to_the_largest_reference_value():
-    d = compare.diff(np.array([1.0, 2.5]), np.array([1.0, -4.0]))
+    d = reference_diff.diff(np.array([1.0, 2.5]), np.array([1.0, -4.0]))
     assert (d.abs, d.rel) == (6.5, 6.5 / 4)
-    assert compare.diff(np.zeros(2), np.zeros(2)) == compare.Diff(0.0, 0.0)
-    assert compare.diff(np.ones(2), np.zeros(2)).rel == np.inf
+    assert reference_diff.diff(np.zeros(2), np.zeros(2)) == reference_diff.Diff(0.0, 0.0)
+    assert reference_diff.diff(np.ones(2), np.zeros(2)).rel == np.inf
 
 
 def test_notebook_executes_with_its_asserts(tiny_dir, monkeypatch):

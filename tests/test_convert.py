@@ -12,7 +12,7 @@ from safetensors.numpy import save_file
 
 from tests.conftest import TINY
 from tfgpt2 import load_model
-from tfgpt2.formats.convert import ConversionError, convert, load, read, save, write
+from tfgpt2.formats.hf_kerashub import ConversionError, convert, load, read, save, write
 from tfgpt2.hparams import default_hparams
 from tfgpt2.cli import convert as convert_cli
 from tfgpt2.cli import generate as generate_cli
@@ -276,7 +276,7 @@ def test_write_is_atomic(tiny_dir, tmp_path, monkeypatch):
     """A write that fails part way leaves no file under a final name."""
     hparams, tensors = read(tiny_dir, "openai")
     # the vocabulary is copied last, after the weights and config were written
-    monkeypatch.setattr("tfgpt2.formats.convert.shutil.copyfile", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr("tfgpt2.formats.hf_kerashub.shutil.copyfile", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         write(hparams, tensors, tmp_path / "hf", "hf")
     assert os.listdir(tmp_path / "hf") == []

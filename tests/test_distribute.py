@@ -1,4 +1,4 @@
-"""Fine-tuning under tf.distribute (`tfgpt2/distribute.py`, `python -m tfgpt2.train --strategy`)
+"""Fine-tuning under tf.distribute (`tfgpt2/train/distribute.py`, `python -m tfgpt2.train --strategy`)
 on the tiny model (2 layers, n_embd 64) with windows of 17 tokens.
 
 Each test compares the weights after STEPS updates with those of one device on the same

@@ -1,4 +1,4 @@
-"""`tfgpt2 download` (`tfgpt2.formats.download`) against a fake of OpenAI's storage on 127.0.0.1."""
+"""`tfgpt2 download` (`tfgpt2.formats.openai_download`) against a fake of OpenAI's storage on 127.0.0.1."""
 import contextlib
 import os
 import random
@@ -15,7 +15,7 @@ import requests
 
 from tests.conftest import ROOT
 from tfgpt2.cli import download as download_cli
-from tfgpt2.formats import download as dm
+from tfgpt2.formats import openai_download as dm
 
 BIG = 'model.ckpt.data-00000-of-00001'
 

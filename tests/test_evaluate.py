@@ -7,7 +7,7 @@ import pytest
 
 import tfgpt2
 from tfgpt2.cli import evaluate as evaluate_cli
-from tfgpt2.train import evaluate
+from tfgpt2.train import perplexity
 
 TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
         "of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season "
@@ -17,7 +17,7 @@ TEXT = ("It was the best of times, it was the worst of times, it was the age of 
 @pytest.mark.parametrize("n_tokens, n_ctx, stride", [(10, 4, 4), (10, 4, 1), (11, 4, 3), (3, 64, 64), (200, 64, 16)])
 def test_windows_score_each_token_once_with_context(n_tokens, n_ctx, stride):
     scored = []
-    for begin, end, first in evaluate.windows(n_tokens, n_ctx, stride):
+    for begin, end, first in perplexity.windows(n_tokens, n_ctx, stride):
         assert end - begin <= n_ctx and first >= 0
         for target in range(begin + 1 + first, end + 1):
             scored.append(target)
@@ -27,7 +27,7 @@ def test_windows_score_each_token_once_with_context(n_tokens, n_ctx, stride):
 
 def _reference_losses(ref, tokens, n_ctx, stride):
     losses = []
-    for begin, end, first in evaluate.windows(len(tokens), n_ctx, stride):
+    for begin, end, first in perplexity.windows(len(tokens), n_ctx, stride):
         logits = ref.model(np.asarray(tokens[begin:end])[None])["logits"][0].astype(np.float64)
         logp = logits - logits.max(-1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
@@ -42,7 +42,7 @@ def test_evaluate_equals_the_reference_mean_loss(tiny_dir, reference_tiny, tmp_p
     tokens = [enc.eot_token] + enc.encode(TEXT)
     assert len(tokens) > 64  # more than one window
     expected = _reference_losses(reference_tiny, tokens, 64, 24)
-    result = evaluate.evaluate(tfgpt2.load_model(tiny_dir), tokens, stride=24, n_bytes=len(TEXT.encode()),
+    result = perplexity.evaluate(tfgpt2.load_model(tiny_dir), tokens, stride=24, n_bytes=len(TEXT.encode()),
                                batch_size=2)
     assert result["tokens"] == len(tokens) - 1 == len(expected)
     assert abs(result["loss"] - np.mean(expected)) <= 1e-5 * np.mean(expected)
@@ -56,7 +56,7 @@ def test_evaluate_equals_the_reference_mean_loss(tiny_dir, reference_tiny, tmp_p
 
 def test_bad_input_is_a_clear_error(tiny_dir, tmp_path):
     with pytest.raises(ValueError, match=r"--stride must be in \[1, n_ctx=64\], got 65"):
-        evaluate.windows(100, 64, 65)
+        perplexity.windows(100, 64, 65)
     with pytest.raises(SystemExit, match="missing.txt: cannot read: No such file"):
         evaluate_cli.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "missing.txt")])
     (tmp_path / "empty.txt").write_text("")

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import ROOT, TINY, require_reference
 from tests.test_download_model import Storage, serving
 from tfgpt2.cli.main import COMMANDS
-from tfgpt2.formats.download import FILENAMES
+from tfgpt2.formats.openai_download import FILENAMES
 from tfgpt2.hparams import default_hparams, published_hparams
 from tfgpt2.testing.checkpoints import make_checkpoint
 

@@ -8,7 +8,7 @@ from tensorflow.python import tf2
 
 from tests.conftest import ATOL, require_reference
 from tfgpt2.formats.checkpoint import load_model
-from tfgpt2.testing.compare import greedy
+from tfgpt2.testing.reference_diff import greedy
 from tfgpt2.testing.reference import Reference, ReferenceError
 
 pytestmark = pytest.mark.slow  # the reference in a child process

@@ -20,7 +20,7 @@ _EXPORTS = {
     "sample_sequence": "sample", "generate": "sample",
     "export_saved_model": "formats.saved_model",
     "export_litert": "formats.litert", "generate_litert": "formats.litert",
-    "convert": "formats.convert",
+    "convert": "formats.hf_kerashub",
     "finetune": "train.flags",
 }
 

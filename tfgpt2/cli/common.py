@@ -80,7 +80,7 @@ def encoder_of(folder):
     return get_encoder(os.path.basename(folder), os.path.dirname(folder))
 
 
-def parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
+def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
     """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot;
     --nsamples only where `nsamples` has a default."""
     p = Parser(prog=prog, description=description,

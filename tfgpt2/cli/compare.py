@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from ..testing import compare
+from ..testing import reference_diff
 from .args import Parser, ranged
 from .common import add_model_flags, add_quiet, encoder_of, model_dir, parse
 
@@ -27,9 +27,9 @@ def make_parser(prog):
                         help="src/ of a clone of OpenAI's gpt-2 repository")
     parser.add_argument("--prompt", default="Every effort moves you")
     parser.add_argument("--length", type=ranged(int, 0), default=20, help="tokens of greedy continuation (0: none)")
-    parser.add_argument("--atol", type=ranged(float, 0), default=compare.ATOL,
+    parser.add_argument("--atol", type=ranged(float, 0), default=reference_diff.ATOL,
                         help="bound on max abs difference of logits and present (default %(default)s)")
-    parser.add_argument("--hidden_rtol", type=ranged(float, 0), default=compare.HIDDEN_RTOL,
+    parser.add_argument("--hidden_rtol", type=ranged(float, 0), default=reference_diff.HIDDEN_RTOL,
                         help="bound on max rel difference of each block's output (default %(default)s)")
     parser.add_argument("--perturb", metavar="VARIABLE",
                         help="self-check: add 1 to the first element of this tfgpt2 variable in memory "
@@ -78,18 +78,18 @@ def main(argv=None, prog="tfgpt2 compare"):
         sys.exit(f"error: {problem}")
     if args.perturb:
         try:
-            compare.perturb(model, args.perturb)
+            reference_diff.perturb(model, args.perturb)
         except ValueError as e:
             sys.exit(f"error: --perturb {args.perturb}: {e}")
     progress.note(f"running OpenAI's code from {args.reference_src} in a child process beside tfgpt2")
     try:
         with Reference(args.reference_src, folder) as ref:
-            comparison = compare.compare(model, ref, tokens, length=args.length,
-                                         atol=args.atol, hidden_rtol=args.hidden_rtol)
+            comparison = reference_diff.compare(model, ref, tokens, length=args.length,
+                                                atol=args.atol, hidden_rtol=args.hidden_rtol)
     except ReferenceError as e:
         sys.exit(f"error: --reference_src {args.reference_src}: OpenAI's code there failed: "
                  f"{str(e).splitlines()[0]}")
     print(f"tfgpt2 vs OpenAI's original ({args.reference_src}) on {folder}, "
           f"{tokens.shape[1]} prompt tokens" + (f", {args.perturb} perturbed" if args.perturb else ""))
-    print(compare.report(comparison, encoder.decode))
+    print(reference_diff.report(comparison, encoder.decode))
     return 0 if comparison.ok else 1

@@ -11,7 +11,7 @@ Progress: a line on stderr before the work and its time after; --quiet leaves th
 """
 import argparse
 
-from ..formats.convert import FORMATS, convert
+from ..formats.hf_kerashub import FORMATS, convert
 from ..hparams import find_model_dir
 from .args import Parser
 from .common import add_quiet, parse

@@ -12,7 +12,7 @@ stderr; --quiet leaves the errors and warnings.
 import argparse
 import sys
 
-from ..formats.download import BASE_URL, MODEL_NAMES, DownloadError, download_model
+from ..formats.openai_download import BASE_URL, MODEL_NAMES, DownloadError, download_model
 from .common import add_quiet
 
 

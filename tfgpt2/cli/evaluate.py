@@ -28,7 +28,7 @@ def main(argv=None, prog="tfgpt2 evaluate"):
     args, progress = parse(p, argv)
     from ..formats.checkpoint import load_model
     from ..train import data
-    from ..train.evaluate import evaluate, windows
+    from ..train.perplexity import evaluate, windows
     try:
         folder = model_dir(args)
         progress.note(f"reading and encoding {args.dataset}")

@@ -23,15 +23,15 @@ The original's spelling works too, with the same flags:
 import sys
 
 from ..decoding.plan import fits
-from .common import end_at_once, load, load_litert, parser, print_batch, progress
+from .common import end_at_once, load, load_litert, print_batch, progress, sampling_parser
 
 
 def main(argv=None, prog="tfgpt2 generate"):
     end_at_once()
-    p = parser(prog, __doc__,
-               nsamples=0, nsamples_min=0,
-               nsamples_help="how many samples; 0 generates forever (default: 0, or 1 with --prompt)",
-               length_help="tokens per sample (default: the model's n_ctx, or half of it with --prompt)")
+    p = sampling_parser(prog, __doc__,
+                     nsamples=0, nsamples_min=0,
+                     nsamples_help="how many samples; 0 generates forever (default: 0, or 1 with --prompt)",
+                     length_help="tokens per sample (default: the model's n_ctx, or half of it with --prompt)")
     p.add_argument("--prompt", metavar="TEXT",
                    help="continue this text (default: samples from nothing, after <|endoftext|>)")
     p.add_argument("--litert", metavar="FILE", help="generate with this LiteRT file (tfgpt2 export --format litert)")

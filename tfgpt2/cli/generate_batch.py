@@ -61,14 +61,14 @@ from ..formats.files import replacing
 from ..hparams import load_hparams
 from ..sample import generate
 from .args import ranged
-from .common import Progress, controls, encoder_of, end_at_once, load, model_dir, parser
+from .common import Progress, controls, encoder_of, end_at_once, load, model_dir, sampling_parser
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr
 
 
 def arguments(argv, prog="tfgpt2 generate-batch"):
-    p = parser(prog, __doc__,
-               length_help="tokens per continuation (default: half the model's n_ctx)")
+    p = sampling_parser(prog, __doc__,
+                     length_help="tokens per continuation (default: half the model's n_ctx)")
     p.set_defaults(batch_size=8)
     p.add_argument("--input", required=True, help="JSONL file, one {\"prompt\": text} per line")
     p.add_argument("--output", required=True, help="JSONL file the rows are appended to (resumed if it exists)")

@@ -19,7 +19,7 @@ import itertools
 import sys
 
 from ..decoding.plan import fits
-from .common import end_at_once, load, parser, print_batch, progress
+from .common import end_at_once, load, print_batch, progress, sampling_parser
 
 
 def prompts():
@@ -40,9 +40,9 @@ def prompts():
 
 def main(argv=None, prog="tfgpt2 interactive"):
     end_at_once()
-    p = parser(prog, __doc__,
-               nsamples=1, nsamples_min=1, nsamples_help="samples per prompt (default 1)",
-               length_help="tokens per sample (default: half the model's n_ctx)")
+    p = sampling_parser(prog, __doc__,
+                     nsamples=1, nsamples_min=1, nsamples_help="samples per prompt (default 1)",
+                     length_help="tokens per sample (default: half the model's n_ctx)")
     args = p.parse_args(argv)
     if args.nsamples % args.batch_size:
         p.error(f"--batch_size {args.batch_size} must divide --nsamples {args.nsamples}")

@@ -91,7 +91,7 @@ def plan_restore(stored, hparams, tie_embeddings, prefix):
     return source
 
 
-def read_index(prefix):
+def read_checkpoint_index(prefix):
     """`bundle.read_index(prefix)`, its errors as CheckpointError."""
     try:
         return bundle.read_index(prefix)
@@ -141,7 +141,7 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, r
     model_dir = find_model_dir(model_dir, models_dir)
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
-    header, entries = read_index(prefix)
+    header, entries = read_checkpoint_index(prefix)
     source = plan_restore(stored_shapes(entries), hparams, tie_embeddings, prefix)
     model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype, remat=remat)
     _restore(model, prefix, header, entries, source)

@@ -1,3 +1,3 @@
 """Fine-tuning: the loop (`loop.train`, which reads like nanoGPT's train.py), the compiled step
 (`step`), the optimizers, the run folder, the data, `tf.distribute`, and the loss over a text
-(`evaluate`). `flags.finetune` is the command's flags as keywords."""
+(`perplexity`). `flags.finetune` is the command's flags as keywords."""

@@ -21,7 +21,7 @@ def parser(prog="tfgpt2 train"):
     a("--batch_size", type=ranged(int, 1), default=1,
       help="windows per micro-batch in all, split over the replicas of --strategy")
     a("--strategy", choices=distribute.STRATEGIES, default="auto",
-      help="auto: several GPUs -> mirrored, TF_CONFIG -> multiworker, else one (see tfgpt2/distribute.py)")
+      help="auto: several GPUs -> mirrored, TF_CONFIG -> multiworker, else one (see tfgpt2/train/distribute.py)")
     a("--tpu", help="with --strategy tpu: the TPU's name or grpc:// address (empty on a TPU VM)")
     a("--learning_rate", type=ranged(float, 0), default=2e-5)
     a("--optimizer", choices=OPTIMIZERS, default="adam")

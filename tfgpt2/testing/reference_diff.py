@@ -1,7 +1,7 @@
 """tfgpt2 beside OpenAI's original code (run by `reference.Reference`) on the same tokens:
 how far apart the logits, `present` and each block's output are, whether the top-5 tokens
 agree at every position, and greedy continuations from both, timed.
-Shared by `tools/compare_reference.py` and `notebooks/compare_with_reference.ipynb`.
+Shared by `tfgpt2 compare` (`cli/compare.py`) and `notebooks/compare_with_reference.ipynb`.
 
 "max rel" is max |ours - theirs| / max |theirs| over a whole tensor, not a per-element ratio,
 which blows up wherever the reference is near zero.
