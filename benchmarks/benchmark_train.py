@@ -107,7 +107,7 @@ def run_tfgpt2(args):
     from tfgpt2 import load_model
     from tfgpt2.train.optimizers import make_optimizer
     from tfgpt2.train.step import Trainer
-    from tfgpt2.train.flags import prefer_memory_schedule
+    from tfgpt2.train.step import prefer_memory_schedule
     if args.remat:
         prefer_memory_schedule()  # as tfgpt2 train --remat does
     model = load_model(args.model_dir, dtype=args.precision, remat=args.remat)

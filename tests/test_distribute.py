@@ -28,7 +28,7 @@ from test_lora import tensors
 from test_train import SAMPLE_LENGTH, ids_npz, micro_dir, random_ids, weights_of  # noqa: F401 (a fixture)
 from tfgpt2.formats import lora
 from tfgpt2.train import distribute, loop, run_folder
-from tfgpt2.train.flags import parse_args
+from tfgpt2.cli.train import parse_config
 from tfgpt2.formats.checkpoint import load_model
 
 pytestmark = pytest.mark.slow  # several TensorFlow processes
@@ -41,12 +41,13 @@ import json, sys
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tfgpt2.train import distribute, flags, loop
+from tfgpt2.cli.train import parse_config
+from tfgpt2.train import distribute, loop
 strategy = distribute.make_strategy("mirrored")
 assert strategy.num_replicas_in_sync == 2, strategy.extended.worker_devices
 for argv, mirrored in json.load(open(sys.argv[1])):
     try:
-        result = loop.train(flags.parse_args(argv), strategy if mirrored else None)
+        result = loop.train(parse_config(argv), strategy if mirrored else None)
     except ValueError as e:
         result = f"error: {e}"
     print("result:", repr(result), flush=True)
@@ -82,7 +83,7 @@ def max_difference(a, b):
 def one_device(tiny_dir, corpus, tmp_path_factory):
     """The weights after STEPS updates on one device (in this process)."""
     checkpoints = tmp_path_factory.mktemp("one")
-    loop.train(parse_args(flags(tiny_dir, corpus, checkpoints)))
+    loop.train(parse_config(flags(tiny_dir, corpus, checkpoints)))
     trained = weights(checkpoints / "run")
     assert max_difference(trained, weights(tiny_dir)) > 1e-3  # the steps changed the weights
     return trained

@@ -14,7 +14,8 @@ from tfgpt2.formats.checkpoint import save_checkpoint
 from tfgpt2.hparams import default_hparams, load_hparams
 from tfgpt2.model import GPT2
 from tfgpt2.testing.reference import Reference
-from tfgpt2.train import flags
+from tfgpt2.cli.train import parse_config
+from tfgpt2.train.config import TrainConfig
 
 from conftest import TINY, require_reference
 from test_train import ids_npz, micro_dir, random_ids, run, run_interrupted  # noqa: F401
@@ -89,9 +90,9 @@ def test_lora_targets_by_layer_name_and_bad_input_is_a_clear_error(tiny_dir, tmp
     assert sorted(name for name, conv in default.conv1d_layers() if conv.lora_enabled) == ["h0/attn/c_attn",
                                                                                           "h1/attn/c_attn"]
     with pytest.raises(SystemExit):
-        flags.parse_args(["--dataset", "x", "--lora_rank", "0"])
+        parse_config(["--dataset", "x", "--lora_rank", "0"])
     with pytest.raises(ValueError, match="need --lora_rank"):
-        flags.parse_args(["--dataset", "x", "--lora_targets", "c_fc"], exit_on_error=False)
+        TrainConfig(dataset="x", lora_targets=["c_fc"])
     with pytest.raises(ValueError, match=r"LoRA targets \['mlp/c_attn'\] name no Conv1D layer"):
         run(tiny_dir, tmp_path, "--dataset", ids_npz(tmp_path / "d.npz", random_ids(40)), "--lora_rank", "2",
             "--lora_targets", "c_fc", "mlp/c_attn")

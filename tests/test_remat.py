@@ -105,7 +105,7 @@ def test_remat_lowers_xlas_own_count_of_a_train_steps_memory(tmp_path):
 
 
 def test_train_cli_asks_xla_for_the_memory_schedule(monkeypatch):
-    from tfgpt2.train.flags import prefer_memory_schedule
+    from tfgpt2.train.step import prefer_memory_schedule
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     prefer_memory_schedule()
     assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_enable_fast_math=false",

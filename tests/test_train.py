@@ -13,7 +13,7 @@ import keras
 import tfgpt2
 from tfgpt2.cli import train as train_cli
 from tfgpt2.model import token_losses, window_loss
-from tfgpt2.train import data, flags, loop, optimizers, run_folder
+from tfgpt2.train import data, loop, optimizers, run_folder
 from tfgpt2.train.optimizers import make_optimizer
 from tfgpt2.train.step import Trainer
 from tfgpt2.testing.reference import Reference
@@ -55,7 +55,7 @@ def run(model_dir, tmp_path, *more, run_name="run1"):
             "--checkpoint_dir", str(tmp_path / "checkpoint"), "--run_name", run_name,
             "--sample_every", "0", "--save_every", "0", "--print_every", "0",
             "--sample_length", str(SAMPLE_LENGTH), *more]
-    return loop.train(flags.parse_args(argv))
+    return loop.train(train_cli.parse_config(argv))
 
 
 def weights_of(folder):
@@ -418,7 +418,7 @@ def test_bad_data_is_a_clear_error(tiny_dir, tmp_path, capsys):
 
 def test_bad_flags_and_folders_are_clear_errors(tiny_dir, tmp_path, capsys):
     dataset = ids_npz(tmp_path / "d.npz", random_ids(40))
-    _fails(capsys, tiny_dir, tmp_path, "--batch_size: must be an integer >= 1, got '0'", "--dataset", dataset,
+    _fails(capsys, tiny_dir, tmp_path, "--batch_size must be an integer >= 1, got '0'", "--dataset", dataset,
            "--batch_size", "0")
     _fails(capsys, tiny_dir, tmp_path, "invalid choice: 'adagrad'", "--dataset", dataset, "--optimizer", "adagrad")
     _fails(capsys, tiny_dir, tmp_path, "--lr_schedule cosine needs --steps", "--dataset", dataset,
@@ -459,8 +459,8 @@ def test_finetune_is_the_command_line_in_python(tiny_dir, tmp_path):
     assert [s for s, _ in history] == [1, 2, 3]
     assert history == run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "3", "--no_xla", run_name="flags")
     assert run_folder.checkpoint_steps(str(tmp_path / "checkpoint" / "python")) == [3]
-    for bad, message in [(dict(batch_size=0), "argument --batch_size: must be an integer >= 1, got '0'"),
-                         (dict(optimiser="adam"), "unrecognized arguments: --optimiser adam"),
+    for bad, message in [(dict(batch_size=0), "--batch_size must be an integer >= 1, got 0"),
+                         (dict(optimiser="adam"), "unknown setting 'optimiser' (did you mean 'optimizer'?)"),
                          (dict(lr_schedule="cosine", steps=-1), "--lr_schedule cosine needs --steps")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             tfgpt2.finetune(dataset, run_name="bad", **{**flags, **bad})

@@ -21,7 +21,7 @@ _EXPORTS = {
     "export_saved_model": "formats.saved_model",
     "export_litert": "formats.litert", "generate_litert": "formats.litert",
     "convert": "formats.hf_kerashub",
-    "finetune": "train.flags",
+    "finetune": "train.loop",
 }
 
 __all__ = sorted(_EXPORTS)

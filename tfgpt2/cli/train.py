@@ -1,9 +1,13 @@
 """`tfgpt2 train` (and `python -m tfgpt2.train`): fine-tuning with the forks' flags."""
+import argparse
+import dataclasses
 import os
 import sys
 
-from ..train import distribute
-from ..train.flags import parse_args, parser, prefer_memory_schedule, run
+from ..train import distribute, loop
+from ..train.config import TrainConfig
+from ..train.step import prefer_memory_schedule
+from .args import Parser
 
 EXAMPLES = """examples:
     tfgpt2 train --dataset corpus.txt --model_name 124M --steps 1000 --run_name run1
@@ -18,25 +22,45 @@ leaves warnings, errors and the final line. The original's spelling works too:
 """
 
 
+def training_parser(prog="tfgpt2 train"):
+    """A flag for each setting of `TrainConfig`, with its help; the flags give text, which the
+    config reads and checks (a flag not given is left out, for the config's default)."""
+    p = Parser(prog=prog, description=loop.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+               argument_default=argparse.SUPPRESS, epilog=EXAMPLES)
+    for field in dataclasses.fields(TrainConfig):
+        rule = field.metadata
+        options = dict(help=rule["help"], required=field.default is dataclasses.MISSING)
+        if rule["kind"] is bool:
+            options["action"] = "store_true"
+        elif rule["kind"] is list:
+            options.update(nargs="+", metavar=rule["metavar"])
+        elif rule.get("choices"):
+            options["choices"] = rule["choices"]
+        p.add_argument(f"--{field.name}", **options)
+    return p
+
+
+def parse_config(argv, prog="tfgpt2 train"):
+    """The TrainConfig of the flags; a bad one exits with a one-line usage error."""
+    p = training_parser(prog)
+    try:
+        return TrainConfig(**vars(p.parse_args(argv)))
+    except ValueError as e:
+        p.error(str(e))
+
+
 def main(argv=None, prog="tfgpt2 train"):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        p = parser(prog)
-        p.epilog = EXAMPLES
-        p.print_help()
-        return 0
     import tensorflow as tf
     from ..train.run_folder import checkpoint_steps
-    args = parse_args(argv, prog=prog)
-    if args.remat:  # a process of its own: XLA's scheduler told to keep what --remat frees
+    config = parse_config(sys.argv[1:] if argv is None else list(argv), prog)
+    if config.remat:  # a process of its own: XLA's scheduler told to keep what --remat frees
         prefer_memory_schedule()
     try:
-        run(args)
+        loop.train(config)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     except tf.errors.OpError as e:  # a worker that died, memory, ...
-        run_dir = os.path.join(args.checkpoint_dir, args.run_name)
-        print(distribute.failure(e, run_dir, checkpoint_steps(run_dir)), file=sys.stderr, flush=True)
+        print(distribute.failure(e, config.run_dir, checkpoint_steps(config.run_dir)), file=sys.stderr, flush=True)
         os._exit(1)  # not sys.exit: TensorFlow's teardown can abort after a failed collective
     except KeyboardInterrupt:
         sys.exit(130)

@@ -16,6 +16,7 @@ beside the latest model, `best.json` where validation runs, `samples-<step>.txt`
 layout, and `lora-<step>.*` the adapters.
 """
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -34,105 +35,118 @@ from ..formats.checkpoint import checkpoint_prefix, load_model
 from ..formats.files import write_text
 from ..sample import generate
 from . import data, distribute
+from .config import TrainConfig
 from .optimizers import make_optimizer, trained_variables
 from .run_folder import find_start, read_best, restore_optimizer, save_run, vocabulary_dir, write_run_files
 from .step import Trainer
 
 
-def load_data(args, enc, hparams):
-    """(training windows, validation batches or None); sets --sample_length's default, n_ctx - 1."""
-    args.sample_length = args.sample_length or hparams.n_ctx - 1
-    if args.sample_length > hparams.n_ctx:
-        raise ValueError(f"--sample_length {args.sample_length} exceeds the model's context n_ctx={hparams.n_ctx}")
-    length = args.sample_length + 1
-    chunks = data.load_dataset(enc, args.dataset, combine=args.combine, encoding=args.encoding,
+def load_data(config, enc, hparams):
+    """(training windows, validation batches or None), windows of `config.window(n_ctx)` + 1 tokens."""
+    length = config.window(hparams.n_ctx) + 1
+    chunks = data.load_dataset(enc, config.dataset, combine=config.combine, encoding=config.encoding,
                                n_vocab=hparams.n_vocab)
     val = None
-    if args.val_dataset:
-        val_chunks = data.load_dataset(enc, args.val_dataset, combine=args.combine, encoding=args.encoding,
+    if config.val_dataset:
+        val_chunks = data.load_dataset(enc, config.val_dataset, combine=config.combine, encoding=config.encoding,
                                        n_vocab=hparams.n_vocab)
-        val = data.Windows(val_chunks, length, name=args.val_dataset)
-    elif args.val_every > 0:
-        chunks, val_chunks = data.split_validation(chunks, args.val_fraction)
-        val = data.Windows(val_chunks, length, name=f"{args.dataset} (the held-out last "
-                                                    f"--val_fraction {args.val_fraction})")
-    train = data.Windows(chunks, length, name=args.dataset)
-    val_batches = val and data.fixed_batches(val, batch_size=args.val_batch_size, count=args.val_batch_count)
+        val = data.Windows(val_chunks, length, name=config.val_dataset)
+    elif config.val_every > 0:
+        chunks, val_chunks = data.split_validation(chunks, config.val_fraction)
+        val = data.Windows(val_chunks, length, name=f"{config.dataset} (the held-out last "
+                                                    f"--val_fraction {config.val_fraction})")
+    train = data.Windows(chunks, length, name=config.dataset)
+    val_batches = val and data.fixed_batches(val, batch_size=config.val_batch_size, count=config.val_batch_count)
     return train, val_batches
 
 
-def build_trainer(args, strategy, source, prefix, adapters=None):
+def build_trainer(config, strategy, source, prefix, adapters=None):
     """(model, optimizer, Trainer) as the flags say, the model's weights from `prefix`, LoRA
     (--lora_rank) from the adapter checkpoint `adapters` or afresh, the model and the
     optimizer's state made in the strategy's scope."""
     with strategy.scope():
-        model = load_model(source, checkpoint=prefix, dtype=args.precision, remat=args.remat, lora=adapters)
-        if args.lora_rank and not adapters:
-            model.enable_lora(args.lora_rank, args.lora_targets, lora_alpha=args.lora_alpha, seed=args.seed)
-    variables = trained_variables(model, args.only_train_transformer_layers)
+        model = load_model(source, checkpoint=prefix, dtype=config.precision, remat=config.remat, lora=adapters)
+        if config.lora_rank and not adapters:
+            model.enable_lora(config.lora_rank, config.lora_targets, lora_alpha=config.lora_alpha, seed=config.seed)
+    variables = trained_variables(model, config.only_train_transformer_layers)
     with strategy.scope():
-        optimizer = make_optimizer(args.optimizer, args.learning_rate, lr_schedule=args.lr_schedule,
-                                   warmup_steps=args.warmup_steps, total_steps=args.steps,
-                                   clip_norm=args.clip_norm, weight_decay=args.weight_decay,
+        optimizer = make_optimizer(config.optimizer, config.learning_rate, lr_schedule=config.lr_schedule,
+                                   warmup_steps=config.warmup_steps, total_steps=config.steps,
+                                   clip_norm=config.clip_norm, weight_decay=config.weight_decay,
                                    variables=variables)
-        if args.precision == "mixed_float16":  # dynamic loss scaling; a step with inf or NaN is skipped
+        if config.precision == "mixed_float16":  # dynamic loss scaling; a step with inf or NaN is skipped
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    trainer = Trainer(model, optimizer, variables=variables, accumulate=args.accumulate_gradients,
-                      strategy=strategy, jit_compile=not args.no_xla)
+    trainer = Trainer(model, optimizer, variables=variables, accumulate=config.accumulate_gradients,
+                      strategy=strategy, jit_compile=not config.no_xla)
     return model, optimizer, trainer
 
 
-def train(args, strategy=None):
-    """Fine-tune as the flags say; returns the list of (step, loss) of this run's updates."""
-    strategy = strategy or tf.distribute.get_strategy()
-    distribute.check_batch(args.batch_size, strategy)
+def finetune(dataset, *, strategy=None, **settings):
+    """`python -m tfgpt2.train` from Python, as gpt-2-simple's `finetune` for notebooks: each
+    keyword is the flag of that name (True for a switch), e.g.
+    `finetune("corpus.txt", model_name="355M", steps=1000, remat=True)` (a list for a flag of
+    several values: `lora_rank=8, lora_targets=["c_attn", "c_fc"]`). Returns the (step,
+    loss) of each update; Ctrl-C (an interrupted cell) saves and returns. A bad setting raises
+    ValueError before anything is loaded or written. With `remat=True` on a CPU, calling
+    `prefer_memory_schedule()` (`tfgpt2.train.step`) first (before anything compiles) keeps XLA
+    from undoing the saving; it sets a process-wide flag, so it is yours to call (`tfgpt2 train
+    --remat` does)."""
+    return train(TrainConfig.of(dataset=dataset, **settings), strategy)
+
+
+def train(config, strategy=None):
+    """Fine-tune as the TrainConfig says, in `strategy` (default: the one --strategy names);
+    returns the list of (step, loss) of this run's updates."""
+    strategy = strategy or distribute.make_strategy(config.strategy, config.tpu)
+    distribute.check_batch(config.batch_size, strategy)
     chief = distribute.is_chief(strategy)  # the one process that writes the run folder
-    run_dir, source, prefix, step, hp, adapters = find_start(args)
-    if step == args.steps:
+    run_dir, source, prefix, step, hp, adapters = find_start(config)
+    if step == config.steps:
         print(f"{run_dir} has made its --steps {step} updates already: nothing to train", file=sys.stderr)
         return []
-    vocab_dir = vocabulary_dir(source, os.path.join(args.models_dir, args.model_name))
+    vocab_dir = vocabulary_dir(source, os.path.join(config.models_dir, config.model_name))
     enc = get_encoder(os.path.basename(vocab_dir), os.path.dirname(vocab_dir))
-    windows, val_batches = load_data(args, enc, hp)
-    model, optimizer, trainer = build_trainer(args, strategy, source, prefix, adapters)
+    config = dataclasses.replace(config, sample_length=config.window(hp.n_ctx))  # its default, n_ctx - 1
+    windows, val_batches = load_data(config, enc, hp)
+    model, optimizer, trainer = build_trainer(config, strategy, source, prefix, adapters)
     base = os.path.abspath(prefix or checkpoint_prefix(source))  # what LoRA adapters are trained on
     if chief:
         write_run_files(run_dir, hp, vocab_dir)
-    log = Log(run_dir if chief else None, args, step)
+    log = Log(run_dir if chief else None, config, step)
     if step and not restore_optimizer(optimizer, run_dir, step):
         log.print(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh", always=True)
     optimizer.iterations.assign(step)
 
-    per_step = args.batch_size * args.accumulate_gradients  # windows per update, split over the replicas
-    dataset = data.training_dataset(windows, batch_size=per_step, seed=args.seed, start_step=step, steps=args.steps)
+    per_step = config.batch_size * config.accumulate_gradients  # windows per update, split over the replicas
+    dataset = data.training_dataset(windows, batch_size=per_step, seed=config.seed, start_step=step, steps=config.steps)
     best, saved, history = read_best(run_dir), step, []
     try:
         batches = iter(trainer.distribute(dataset))
-        while args.steps < 0 or step < args.steps:
+        while config.steps < 0 or step < config.steps:
             start = time.perf_counter()
             loss = float(trainer.step(next(batches)))
             step += 1
             history.append((step, loss))
             log(step, loss=loss, learning_rate=current_lr(optimizer),
-                tokens_per_second=per_step * args.sample_length / (time.perf_counter() - start))
-            save_now = args.save_every > 0 and step % args.save_every == 0
-            if args.val_every > 0 and step % args.val_every == 0:
+                tokens_per_second=per_step * config.sample_length / (time.perf_counter() - start))
+            save_now = config.save_every > 0 and step % config.save_every == 0
+            if config.val_every > 0 and step % config.val_every == 0:
                 val_loss = validate(trainer, val_batches)
                 log(step, val_loss=val_loss, val_perplexity=math.exp(val_loss))
                 if best is None or val_loss < best["val_loss"]:
                     best, save_now = {"step": step, "val_loss": val_loss}, True
             if save_now and chief:
-                save(run_dir, model, optimizer, step, best, args.max_checkpoints, log, base)
+                save(run_dir, model, optimizer, step, best, config.max_checkpoints, log, base)
                 saved = step
-            if args.sample_every > 0 and step % args.sample_every == 0 and chief:
-                log.print(write_samples(model, enc, args, run_dir, step), file=sys.stdout)
+            if config.sample_every > 0 and step % config.sample_every == 0 and chief:
+                log.print(write_samples(model, enc, config, run_dir, step), file=sys.stdout)
     except KeyboardInterrupt:
         log.print("interrupted", always=True)
     finally:
         log.close()
     if chief:
         if saved != step:
-            save(run_dir, model, optimizer, step, best, args.max_checkpoints, log, base)
+            save(run_dir, model, optimizer, step, best, config.max_checkpoints, log, base)
         log.print(f"{run_dir}: step {step}" + (f", loss {log.average.value:.4f} (running average)" if history
                                                else ""), always=True)
     return history
@@ -153,11 +167,11 @@ class Log:
     """Where a run reports: scalars to TensorBoard in the run folder (`run_dir`; None: none),
     and on stderr a bar (a terminal) or a line every --print_every steps; --quiet: neither."""
 
-    def __init__(self, run_dir, args, step):
+    def __init__(self, run_dir, config, step):
         self.writer = tf.summary.create_file_writer(run_dir) if run_dir else tf.summary.create_noop_writer()
-        self.quiet, self.print_every = args.quiet, args.print_every
-        self.bar = tqdm(initial=step, total=args.steps if args.steps > 0 else None, unit="step",
-                        disable=args.quiet or not sys.stderr.isatty())
+        self.quiet, self.print_every = config.quiet, config.print_every
+        self.bar = tqdm(initial=step, total=config.steps if config.steps > 0 else None, unit="step",
+                        disable=config.quiet or not sys.stderr.isatty())
         self.average = Average()
 
     def __call__(self, step, **scalars):
@@ -226,11 +240,11 @@ def validate(trainer, batches):
     return float(np.mean([float(trainer.loss(batch)) for batch in dataset]))
 
 
-def write_samples(model, enc, args, run_dir, step):
+def write_samples(model, enc, config, run_dir, step):
     """`--sample_num` samples of `--sample_length` tokens from <|endoftext|>, written to
     samples-<step>.txt; returns their text."""
-    rows = generate(model, [[enc.eot_token]] * args.sample_num, args.sample_length, top_k=args.top_k,
-                    seed=args.seed + step)
+    rows = generate(model, [[enc.eot_token]] * config.sample_num, config.sample_length, top_k=config.top_k,
+                    seed=config.seed + step)
     text = "".join("=" * 20 + f" SAMPLE {i} " + "=" * 20 + "\n" + enc.decode(row[1:]) + "\n"
                    for i, row in enumerate(rows))
     write_text(os.path.join(run_dir, f"samples-{step}.txt"), text)

@@ -58,7 +58,7 @@ def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=(), lor
 
 
 def optimizer_state(optimizer):
-    """The optimizer's variables but its learning rate, which comes from the flags."""
+    """The optimizer's variables but its learning rate, which comes from the config."""
     return [v for v in optimizer.variables if v.name != "learning_rate"]
 
 
@@ -82,57 +82,57 @@ def restore_optimizer(optimizer, run_dir, step):
     return True
 
 
-def find_start(args):
+def find_start(config):
     """Where the run starts: (run folder, folder of the weights, checkpoint prefix or None,
     step, hparams, LoRA adapters to load or None), from the run folder (--restore_from latest;
     with LoRA, its adapters on their base), the base model (fresh, or latest in a new run) or
     a path. Checks only; nothing is loaded or written."""
-    run_dir = os.path.join(args.checkpoint_dir, args.run_name)
+    run_dir = config.run_dir
     has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoint"))
     adapters = None
-    if args.restore_from == "latest" and has_checkpoint:
+    if config.restore_from == "latest" and has_checkpoint:
         source, prefix = run_dir, checkpoint_prefix(run_dir)
         step = _step_of(prefix)
-        adapters = lora_start(run_dir, step, args)
+        adapters = lora_start(run_dir, step, config)
         if adapters:
             prefix = read_config(adapters)["base"]
             source = os.path.dirname(prefix)
-    elif args.restore_from in ("latest", "fresh"):
+    elif config.restore_from in ("latest", "fresh"):
         if has_checkpoint:
             raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
                              f"{tf.train.latest_checkpoint(run_dir)}); continue it with --restore_from latest, "
                              "or choose another --run_name")
-        source, prefix, step = os.path.join(args.models_dir, args.model_name), None, 0
+        source, prefix, step = os.path.join(config.models_dir, config.model_name), None, 0
     else:
-        if not os.path.isdir(args.restore_from) and not os.path.isfile(args.restore_from + ".index"):
-            raise FileNotFoundError(f"--restore_from {args.restore_from}: no such folder or checkpoint prefix")
-        source = args.restore_from if os.path.isdir(args.restore_from) else os.path.dirname(args.restore_from)
-        prefix, step = checkpoint_prefix(args.restore_from), 0
+        if not os.path.isdir(config.restore_from) and not os.path.isfile(config.restore_from + ".index"):
+            raise FileNotFoundError(f"--restore_from {config.restore_from}: no such folder or checkpoint prefix")
+        source = config.restore_from if os.path.isdir(config.restore_from) else os.path.dirname(config.restore_from)
+        prefix, step = checkpoint_prefix(config.restore_from), 0
     hparams = load_hparams(source)
     if os.path.isfile(os.path.join(run_dir, "hparams.json")) and load_hparams(run_dir) != hparams:
         raise ValueError(f"{run_dir}/hparams.json is {load_hparams(run_dir).values()}, but the model to "
                          f"start from ({source}) has {hparams.values()}")
-    if 0 <= args.steps < step:
-        raise ValueError(f"{run_dir} is at step {step}, past --steps {args.steps}: --steps is the run's "
+    if 0 <= config.steps < step:
+        raise ValueError(f"{run_dir} is at step {step}, past --steps {config.steps}: --steps is the run's "
                          f"total, not a number of steps more (for N more: --steps {step} + N)")
     return run_dir, source, prefix, step, hparams, adapters
 
 
-def lora_start(run_dir, step, args):
+def lora_start(run_dir, step, config):
     """`lora-<step>` to continue a LoRA run from, checked against the --lora_* flags and for its
     base; None for a run without LoRA."""
     prefix = os.path.join(run_dir, f"lora-{step}")
-    if os.path.isfile(prefix + ".index") != bool(args.lora_rank):
+    if os.path.isfile(prefix + ".index") != bool(config.lora_rank):
         raise ValueError(f"{run_dir}: model-{step} was trained with LoRA ({prefix}); continue it with its --lora_rank"
-                         if args.lora_rank is None else
+                         if config.lora_rank is None else
                          f"{run_dir}: model-{step} was trained without LoRA (no {prefix}.index); continue it "
                          f"without --lora_rank, or start LoRA from it with --restore_from {run_dir} and another "
                          "--run_name")
-    if args.lora_rank is None:
+    if config.lora_rank is None:
         return None
     config = read_config(prefix)
-    given = {"rank": args.lora_rank, "alpha": float(args.lora_alpha or args.lora_rank),
-             "targets": list(args.lora_targets or LORA_TARGETS)}
+    given = {"rank": config.lora_rank, "alpha": float(config.lora_alpha or config.lora_rank),
+             "targets": list(config.lora_targets or LORA_TARGETS)}
     differ = [f"--lora_{name} {given[name]} (it has {config[name]})" for name in given if given[name] != config[name]]
     if differ:
         raise ValueError(f"{prefix}: the run's adapters differ from the flags: " + ", ".join(differ))

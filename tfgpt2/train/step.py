@@ -1,5 +1,7 @@
 """The compiled training step: the forks' loss over a batch of windows, gradients averaged
 over micro-batches (`--accumulate_gradients`) and replicas (`tf.distribute`), then the update."""
+import os
+
 import tensorflow as tf
 
 from ..model import window_loss
@@ -92,3 +94,12 @@ class Trainer:
 
     def loss(self, batch):
         return self._loss(batch)
+
+
+def prefer_memory_schedule():
+    """Ask XLA's CPU scheduler for its memory-minimizing order. By default it orders for
+    concurrency and keeps alive the activations that `--remat` frees. A process-wide flag
+    (`XLA_FLAGS`), read at the first XLA compilation: set before any, or it does nothing."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "concurrency_optimized_scheduler" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
