@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
+from tfgpt2.bulk import pool
 from tfgpt2.cli import generate_batch
 from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.encoder import get_encoder
@@ -76,7 +77,7 @@ def test_200_prompts_batched_equal_each_prompt_alone_greedy(tiny_dir, tmp_path, 
     assert sorted(got) == list(range(200))
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
     assert len({bucket(len(enc.encode(text))) for text in texts[::5]}) == 3
-    batches = generate_batch.plan(generate_batch.arguments(argv), enc, 64, 8, 50257)  # the run's batches
+    batches = generate_batch.input_batches(generate_batch.arguments(argv), enc, 64, 8, 50257)  # the run's batches
     assert {row for b in batches for row, (n, *_) in enumerate(b) if n % 5 == 0} == set(range(8))
     for n, text in list(enumerate(texts))[::5]:
         context = enc.encode(text)
@@ -90,7 +91,7 @@ def test_batches_hold_one_length_bucket_each(tiny_dir, tmp_path):
     src = write_input(tmp_path / "in.jsonl", prompts(200))
     args = generate_batch.arguments(flags(tiny_dir, src, tmp_path / "out.jsonl", "--batch_size", "8"))
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
-    batches = generate_batch.plan(args, enc, 64, 8, 50257)
+    batches = generate_batch.input_batches(args, enc, 64, 8, 50257)
     assert sorted(n for b in batches for n, _, _, _ in b) == list(range(200))
     assert all(len({bucket(len(t)) for _, _, t, _ in b}) == 1 and len(b) <= 8 for b in batches)
     assert len({bucket(len(b[0][2])) for b in batches}) >= 3  # mixed lengths: several buckets
@@ -126,7 +127,7 @@ def test_torn_and_repeated_rows_are_dropped_and_generated_again(tiny_dir, tmp_pa
 def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
     src = write_input(tmp_path / "in.jsonl", prompts(3))
     out = tmp_path / "out.jsonl"
-    held = generate_batch.lock(str(out))
+    held = pool.lock(str(out))
     try:
         assert generate_batch.main(flags(tiny_dir, src, out, "--length", "8")) == (
             f"error: {out}: another generate_batch run is writing it (it holds {out}.lock)")
@@ -207,7 +208,7 @@ def test_lines_with_their_own_controls_equal_each_prompt_alone(tiny_dir, tmp_pat
     src.write_text("".join(json.dumps(dict(prompt=t, **c)) + "\n" for t, c in zip(texts, LINE_CONTROLS)))
     out = tmp_path / "out.jsonl"
     argv = flags(tiny_dir, str(src), out, "--length", "8", "--temperature", "0", "--batch_size", "2")
-    batches = generate_batch.plan(generate_batch.arguments(argv), enc, 64, 8, 50257)
+    batches = generate_batch.input_batches(generate_batch.arguments(argv), enc, 64, 8, 50257)
     assert sorted(sorted(n for n, _, _, _ in b) for b in batches) == [[0], [1, 3], [2]]
     assert generate_batch.main(argv, model) == 0
     got = rows(out)
