@@ -1,4 +1,5 @@
-"""The package's shape, read from its source: the import graph has no circle, `model.py` (the
+"""The package's shape, read from its source: the import graph has no circle and no import runs
+up the floors (DESIGN.md), `model.py` (the
 mirror of OpenAI's `src/model.py`) imports nothing of the machinery added around it, the
 package never imports the developer tools in `benchmarks/`, and no module configures the
 process (environment variables, logging) when it is imported.
@@ -21,10 +22,18 @@ PACKAGE = ROOT / "tfgpt2"
 
 # What the mirror may import of tfgpt2; anything else it imports must be third-party.
 MODEL_MAY_IMPORT = {"tfgpt2.hparams"}
-# What importing the mirror may load of tfgpt2, all told: hparams.json is written through the
-# one atomic-write helper, a leaf module (test_atomic_write_helper_is_a_leaf).
-MODEL_MAY_LOAD = {"tfgpt2.model", "tfgpt2.hparams", "tfgpt2.formats", "tfgpt2.formats.files"}
+# What importing the mirror may load of tfgpt2, all told.
+MODEL_MAY_LOAD = {"tfgpt2.model", "tfgpt2.hparams"}
 MACHINERY = ("tfgpt2.decoding", "tfgpt2.train", "tfgpt2.formats", "tfgpt2.cli", "tfgpt2.testing", "tfgpt2.sample")
+# The floors, bottom to top: a module imports modules of its own floor and those below only.
+# A module beside model.py not named here is model's (its helpers).
+FLOORS = (("tfgpt2.hparams", "tfgpt2.encoder"), ("tfgpt2.model",), ("tfgpt2.decoding",), ("tfgpt2.sample",),
+          ("tfgpt2.formats",), ("tfgpt2.train",), ("tfgpt2.serve", "tfgpt2.bulk"), ("tfgpt2.testing",),
+          ("tfgpt2.cli",))
+# Above every floor: the package's face and the `python -m tfgpt2.<script>` entry points (each
+# `__main__` too), which run a command of cli/.
+ENTRY_POINTS = {"tfgpt2", "tfgpt2.encode", "tfgpt2.evaluate", "tfgpt2.generate_batch", "tfgpt2.params",
+                "tfgpt2.generate_unconditional_samples", "tfgpt2.interactive_conditional_samples"}
 
 
 def module_name(path, root=ROOT):
@@ -208,6 +217,42 @@ def test_the_graph_would_show_a_circle_added_to_the_package(tmp_path):
     cache.write_text(cache.read_text() + "\n\ndef _later():\n    from ..sample import generate\n    return generate\n")
     found = cycles(import_graph(copy))
     assert any({"tfgpt2.sample", "tfgpt2.decoding.cache"} <= set(c) for c in found), found
+
+
+def floor(module):
+    """The floor of a tfgpt2 module (an index into FLOORS; entry points above them all)."""
+    if module in ENTRY_POINTS or module.endswith(".__main__"):
+        return len(FLOORS)
+    return next((i for i, names in enumerate(FLOORS) if within(module, names)), 1)
+
+
+def imports_up(graph):
+    """(module, line, imported module) for each import of a module on a floor above the importer's."""
+    return sorted((m, line, t) for m, edges in graph.items() for t, line in edges
+                  if within(t, ["tfgpt2"]) and floor(t) > floor(m))
+
+
+def test_no_import_runs_up_the_floors(graph):
+    """hparams/encoder, model, decoding, sample, formats, train, serve/bulk, testing, cli: a
+    folder never imports one above it (not even inside a function)."""
+    found = imports_up(graph)
+    assert not found, "imports up the floors:\n" + "\n".join(
+        f"{m} (line {line}) imports {t}: {FLOORS[floor(t)][0]} stands above {FLOORS[floor(m)][0]}"
+        for m, line, t in found)
+
+
+def test_the_floor_check_finds_imports_up():
+    """On a graph with a known answer: the two imports up that the package once had
+    (hparams -> formats.files, train.flags -> cli.args), a helper beside model.py importing
+    decoding; not an import down, across one floor, or from an entry point."""
+    edges = {"tfgpt2.hparams": ["tfgpt2.formats.files", "tfgpt2.encoder"], "tfgpt2.train.flags": ["tfgpt2.cli.args"],
+             "tfgpt2.gradients": ["tfgpt2.model", "tfgpt2.decoding.cache"], "tfgpt2.cli.train": ["tfgpt2.train.config"],
+             "tfgpt2.train.__main__": ["tfgpt2.cli.main"], "tfgpt2.params": ["tfgpt2.cli.main"],
+             "tfgpt2.serve.app": ["tfgpt2.bulk.plan", "tfgpt2.decoding.plan", "numpy"]}
+    graph = {m: {(t, i + 1) for i, t in enumerate(ts)} for m, ts in edges.items()}
+    assert imports_up(graph) == [("tfgpt2.gradients", 2, "tfgpt2.decoding.cache"),
+                                 ("tfgpt2.hparams", 1, "tfgpt2.formats.files"),
+                                 ("tfgpt2.train.flags", 1, "tfgpt2.cli.args")]
 
 
 def test_model_imports_only_hparams_of_the_package(graph):

@@ -95,16 +95,26 @@ def _strip(row, pad_id):
 def get_encoder(model_name, models_dir):
     """The encoder of models_dir/model_name's encoder.json and vocab.bpe, or of the shipped copy
     where the folder has neither file (or does not exist).  Raises VocabularyError where it
-    has only one, or where they are corrupt or disagree; their sha256 is not checked."""
-    paths = [os.path.join(models_dir, model_name, name) for name in VOCAB_FILES]
+    has only one (`vocabulary_files`), or where they are corrupt or disagree; their sha256 is
+    not checked."""
+    paths = vocabulary_files(os.path.join(models_dir, model_name))
+    return _load(paths) if paths else default_encoder()
+
+
+def vocabulary_files(folder, names=VOCAB_FILES):
+    """The paths of the vocabulary files `names` (encoder.json and vocab.bpe) in `folder`, or
+    None where it has neither (or does not exist): the one rule for where a vocabulary is.
+    A folder with only one of them is a VocabularyError naming the missing one (not a
+    silent fallback to another vocabulary)."""
+    paths = [os.path.join(folder, name) for name in names]
     present = [os.path.isfile(path) for path in paths]
     if not any(present):
-        return default_encoder()
+        return None
     if not all(present):
         raise VocabularyError(
             f'{paths[present.index(False)]} is missing: a model folder needs both '
-            f'{" and ".join(VOCAB_FILES)}, or neither to use the shipped copy')
-    return _load(paths)
+            f'{" and ".join(names)}, or neither to use the shipped copy')
+    return paths
 
 
 def default_encoder():

@@ -1,11 +1,10 @@
-"""Hyperparameters: the original's `default_hparams()` and `hparams.json`, with checks, and the
-one table of the variables (names and shapes) that a model of given hparams owns."""
+"""Hyperparameters: the original's `default_hparams()` and `hparams.json` (read here; its text
+given to `formats.folders`, which writes it), with checks, and the one table of the variables
+(names and shapes) that a model of given hparams owns."""
 import dataclasses
 import json
 import math
 import os
-
-from .formats.files import write_text
 
 FIELDS = ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")
 
@@ -43,6 +42,10 @@ class HParams:
     def values(self):
         return dataclasses.asdict(self)
 
+    def to_json(self):
+        """The text of `hparams.json`, as OpenAI's folders have it."""
+        return json.dumps(self.values(), indent=2)
+
 
 def default_hparams():
     """The 124M model's shape with n_vocab 0, as in the original; `hparams.json` fills it in."""
@@ -67,29 +70,6 @@ def published_hparams(model_name):
     if model_name not in PUBLISHED:
         raise ValueError(f"unknown model name {model_name!r}; the published sizes are {list(PUBLISHED)}")
     return default_hparams().override_from_dict(PUBLISHED[model_name])
-
-
-def missing_model(model, models_dir="models"):
-    """What to say of a model folder that does not exist (`model` a name in `models_dir`, or a
-    path): how to download a published one."""
-    name = os.path.basename(os.path.normpath(model))
-    if model != name:
-        models_dir = os.path.dirname(os.path.normpath(model)) or "."
-    where = os.path.join(models_dir, name)
-    if name not in PUBLISHED:
-        return f"{where}: no such model folder (the published models are {', '.join(PUBLISHED)})"
-    option = "" if os.path.normpath(models_dir) == "models" else f" --models_dir {models_dir}"
-    return f"{where}: no such model folder; download it with `tfgpt2 download {name}{option}`"
-
-
-def find_model_dir(model, models_dir="models"):
-    """`model` if it is a folder, else the folder `<models_dir>/<model>` (a model name)."""
-    if os.path.isdir(model):
-        return model
-    path = os.path.join(models_dir, model)
-    if os.path.isdir(path):
-        return path
-    raise FileNotFoundError(missing_model(model, models_dir))
 
 
 def read_json_object(path, error=ValueError):
@@ -120,11 +100,6 @@ def load_hparams(model_dir):
         return default_hparams().override_from_dict(values)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-
-
-def save_hparams(hparams, model_dir):
-    """Write `hparams.json` as OpenAI's folders have it."""
-    write_text(os.path.join(model_dir, "hparams.json"), json.dumps(hparams.values(), indent=2))
 
 
 def variable_shapes(hparams, *, tie_embeddings=True):

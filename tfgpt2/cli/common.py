@@ -3,14 +3,14 @@ model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loa
 one batch, printing a sample, and ending without a traceback."""
 import argparse
 import codecs
-import os
 import signal
 import sys
 import time
 
 from tqdm import tqdm
 
-from ..hparams import find_model_dir, load_hparams
+from ..formats.folders import encoder_of, model_folder, model_path
+from ..hparams import load_hparams
 from .args import Parser, ranged, token_value
 
 DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]  # Keras dtype policies
@@ -68,16 +68,7 @@ def add_model_flags(parser, *, default="124M"):
 def model_dir(args):
     """The model folder the flags of `add_model_flags` name; FileNotFoundError says how to get
     a published one that is missing."""
-    if args.model_dir:
-        return find_model_dir(os.path.expanduser(os.path.expandvars(args.model_dir)))
-    return find_model_dir(os.path.join(os.path.expanduser(os.path.expandvars(args.models_dir)), args.model_name))
-
-
-def encoder_of(folder):
-    """The encoder of a model folder's encoder.json and vocab.bpe (the shipped copy if it has neither)."""
-    from ..encoder import get_encoder
-    folder = os.path.normpath(folder)
-    return get_encoder(os.path.basename(folder), os.path.dirname(folder))
+    return model_folder(args.model_name, args.models_dir, args.model_dir)
 
 
 def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
@@ -158,7 +149,7 @@ def load_litert(args, default_length):
     try:
         from ..formats.litert import LiteRTModel
         model = LiteRTModel(args.litert)
-        enc = encoder_of(args.model_dir or os.path.join(args.models_dir, args.model_name))
+        enc = encoder_of(args.model_dir or model_path(args.model_name, args.models_dir))
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     check_window(args, model.n_ctx)

@@ -11,8 +11,8 @@ Progress: a line on stderr before the work and its time after; --quiet leaves th
 """
 import argparse
 
+from ..formats.folders import find_model_dir
 from ..formats.hf_kerashub import FORMATS, convert
-from ..hparams import find_model_dir
 from .args import Parser
 from .common import add_quiet, parse
 

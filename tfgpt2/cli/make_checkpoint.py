@@ -8,8 +8,8 @@ Weights are N(0, std) (LayerNorm gains 1 + N(0, std)). The vocabulary files are 
 """
 import argparse
 import json
-import os
 
+from ..formats.folders import model_path
 from ..hparams import PUBLISHED, default_hparams, published_hparams
 from .args import Parser, ranged
 from .common import Progress, add_quiet
@@ -35,7 +35,7 @@ def main(argv=None, prog="tfgpt2 make-checkpoint"):
             hparams.override_from_dict(overrides)
         except ValueError as e:
             parser.error(f"argument --hparams: {e}")
-    model_dir = os.path.join(args.models_dir, args.model_name)
+    model_dir = model_path(args.model_name, args.models_dir)
     from ..testing.checkpoints import make_checkpoint
     Progress(args.quiet).note(f"writing random weights to {model_dir}")
     try:

@@ -10,7 +10,8 @@ MODEL is a published size (124M, 355M, 774M, 1558M) or a model folder with hpara
 import argparse
 import os
 
-from ..hparams import PUBLISHED, breakdown, load_hparams, missing_model, published_hparams
+from ..formats.folders import model_folder
+from ..hparams import PUBLISHED, breakdown, load_hparams, published_hparams
 from .args import Parser
 from .common import add_quiet
 
@@ -34,12 +35,8 @@ def main(argv=None, prog="tfgpt2 params"):
             parser.error(f"argument MODEL: {args.model!r} is neither a published size "
                          f"({', '.join(PUBLISHED)}) nor a folder")
     try:
-        if args.model_dir:
-            hparams = load_hparams(args.model_dir)
-        elif args.models_dir:
-            if not os.path.isdir(os.path.join(args.models_dir, args.model_name)):
-                raise FileNotFoundError(missing_model(args.model_name, args.models_dir))
-            hparams = load_hparams(os.path.join(args.models_dir, args.model_name))
+        if args.model_dir or args.models_dir:
+            hparams = load_hparams(model_folder(args.model_name, args.models_dir, args.model_dir))
         else:
             hparams = published_hparams(args.model_name)
     except (OSError, ValueError) as e:

@@ -11,10 +11,11 @@ import re
 
 import tensorflow as tf
 
-from ..hparams import find_model_dir, load_hparams, save_hparams, variable_shapes
+from ..hparams import load_hparams, variable_shapes
 from ..model import GPT2
 from . import bundle
 from .files import staging, write_text
+from .folders import find_model_dir, save_hparams
 from .lora import apply_adapters, merged_weights
 
 

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from ..encoder import ASSETS_DIR, EOT, EOT_TOKEN, VOCAB_FILES
+from ..encoder import ASSETS_DIR, EOT, EOT_TOKEN, VOCAB_FILES, vocabulary_files
 from ..hparams import HParams, load_hparams, read_json_object, variable_shapes
 from .files import staging
 
@@ -67,9 +67,7 @@ def write(hparams, tensors, folder, fmt, *, vocab=None):
 def convert(src, dst, *, src_format, dst_format):
     """Read `src` in one layout and write it to `dst` in another, vocabulary included."""
     hparams, tensors = read(src, src_format)
-    vocab = [os.path.join(src, name) for name in LAYOUT_VOCAB_FILES[src_format]]
-    return write(hparams, tensors, dst, dst_format,
-                 vocab=vocab if all(map(os.path.isfile, vocab)) else None)
+    return write(hparams, tensors, dst, dst_format, vocab=vocabulary_files(src, LAYOUT_VOCAB_FILES[src_format]))
 
 
 def load(folder, fmt):

@@ -30,14 +30,14 @@ import keras
 from tensorflow.core.framework import summary_pb2
 from tqdm import tqdm
 
-from ..encoder import get_encoder
 from ..formats.checkpoint import checkpoint_prefix, load_model
 from ..formats.files import write_text
+from ..formats.folders import encoder_of, model_path, vocabulary_source
 from ..sample import generate
 from . import data, distribute
 from .config import TrainConfig
 from .optimizers import make_optimizer, trained_variables
-from .run_folder import find_start, read_best, restore_optimizer, save_run, vocabulary_dir, write_run_files
+from .run_folder import find_start, read_best, restore_optimizer, save_run, write_run_files
 from .step import Trainer
 
 
@@ -104,8 +104,8 @@ def train(config, strategy=None):
     if step == config.steps:
         print(f"{run_dir} has made its --steps {step} updates already: nothing to train", file=sys.stderr)
         return []
-    vocab_dir = vocabulary_dir(source, os.path.join(config.models_dir, config.model_name))
-    enc = get_encoder(os.path.basename(vocab_dir), os.path.dirname(vocab_dir))
+    vocab_dir = vocabulary_source(source, model_path(config.model_name, config.models_dir))
+    enc = encoder_of(vocab_dir)
     config = dataclasses.replace(config, sample_length=config.window(hp.n_ctx))  # its default, n_ctx - 1
     windows, val_batches = load_data(config, enc, hp)
     model, optimizer, trainer = build_trainer(config, strategy, source, prefix, adapters)

@@ -10,11 +10,12 @@ import os
 
 import tensorflow as tf
 
-from ..encoder import ASSETS_DIR, VOCAB_FILES
+from ..encoder import VOCAB_FILES
 from ..formats.checkpoint import checkpoint_prefix, save_tensors
 from ..formats.files import copy_file, write_text
+from ..formats.folders import model_folder, save_hparams
 from ..formats.lora import adapter_tensors, merged_weights, read_config
-from ..hparams import load_hparams, save_hparams
+from ..hparams import load_hparams
 from ..model import LORA_TARGETS
 
 
@@ -102,7 +103,7 @@ def find_start(config):
             raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
                              f"{tf.train.latest_checkpoint(run_dir)}); continue it with --restore_from latest, "
                              "or choose another --run_name")
-        source, prefix, step = os.path.join(config.models_dir, config.model_name), None, 0
+        source, prefix, step = model_folder(config.model_name, config.models_dir), None, 0
     else:
         if not os.path.isdir(config.restore_from) and not os.path.isfile(config.restore_from + ".index"):
             raise FileNotFoundError(f"--restore_from {config.restore_from}: no such folder or checkpoint prefix")
@@ -140,14 +141,6 @@ def lora_start(run_dir, step, config):
         raise FileNotFoundError(f"{prefix}: the base checkpoint the adapters were trained on, {config['base']}, "
                                 "is not there")
     return prefix
-
-
-def vocabulary_dir(*folders):
-    """The first folder holding encoder.json and vocab.bpe; else the copy shipped with tfgpt2."""
-    for folder in folders:
-        if all(os.path.isfile(os.path.join(folder, name)) for name in VOCAB_FILES):
-            return folder
-    return ASSETS_DIR
 
 
 def write_run_files(run_dir, hparams, vocab_dir):
