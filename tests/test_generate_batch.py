@@ -243,3 +243,26 @@ def test_a_bad_field_names_the_line_and_the_field(tiny_dir, tmp_path, capsys, fi
     assert generate_batch.main(flags(tiny_dir, str(src), out, "--length", "4")) == \
         f"error: {src}:2 (line 1 counted from 0): {message} (--skip_bad skips such lines)"
     assert not out.exists()
+
+
+def test_a_line_not_utf8_and_a_folder_as_output_are_one_line_errors(tiny_dir, tmp_path, capsys, model):
+    """As a user types them (the `tfgpt2` script is `python -m tfgpt2_cli`): a line in Latin-1
+    is a bad line naming the file and the line (--skip_bad skips and counts it), and an
+    --output that is a folder is refused; neither writes anything."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"prompt": "first"}\n{"prompt": "caf\xe9 au lait"}\n{"prompt": "third"}\n')
+    models_dir, name = os.path.split(tiny_dir)
+    command = f"tfgpt2 generate-batch --models_dir {models_dir} --model_name {name} --input {src} --length 4"
+    not_utf8 = f"error: {src}:2 (line 1 counted from 0): not UTF-8: byte 0xe9 at byte 15 of the line " \
+               "(--skip_bad skips such lines)"
+    folder = f"error: --output {tmp_path} is a folder: give the file to append the rows to, for example " \
+             f"{tmp_path / 'rows.jsonl'}"
+    for output, message in [(tmp_path / "out.jsonl", not_utf8), (tmp_path, folder)]:
+        typed = f"{command} --output {output}".replace("tfgpt2", f"{sys.executable} -m tfgpt2_cli", 1)
+        done = subprocess.run(typed.split(), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stderr) == (1, message + "\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+    assert generate_batch.main(flags(tiny_dir, str(src), tmp_path / "out.jsonl", "--length", "4", "--skip_bad"),
+                               model) == 0
+    assert "skipped 1 bad line(s)" in capsys.readouterr().err
+    assert sorted(rows(tmp_path / "out.jsonl")) == [0, 2]

@@ -72,10 +72,16 @@ def sampling(args, enc, fields, seed, flags):
 
 def read_prompts(stream):
     """(line number, the line's object) for every non-blank line of a JSONL file, given as a
-    binary stream; a line that is not a JSON object with a string "prompt" gives (line
-    number, ValueError)."""
-    for n, raw in enumerate(io.TextIOWrapper(stream, encoding="utf-8")):
+    binary stream; a line that is not UTF-8, or not a JSON object with a string "prompt",
+    gives (line number, ValueError)."""
+    for n, raw in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors="surrogateescape")):
         if not raw.strip():
+            continue
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError as e:  # a byte that is not UTF-8, kept as a lone surrogate
+            at = len(raw[:e.start].encode("utf-8", "surrogateescape"))
+            yield n, ValueError(f"not UTF-8: byte 0x{ord(raw[e.start]) - 0xDC00:02x} at byte {at} of the line")
             continue
         try:
             row = json.loads(raw.rstrip("\r\n"))

@@ -31,9 +31,10 @@ value}), "repetition_penalty", "presence_penalty", "frequency_penalty", "stop" (
 texts), "stop_at_eot". Only lines with the same such fields share a batch; a line with a
 "seed" is generated alone, so its text is `tfgpt2.generate`'s for that prompt and seed.
 
-Bad lines (not a JSON object with a string "prompt", an empty prompt, a prompt whose tokens
-+ --length - 1 exceed the context window, a field of a bad value) stop the run before any generation with an error
-naming the line; --skip_bad counts them on stderr and goes on.
+Bad lines (not UTF-8, not a JSON object with a string "prompt", an empty prompt, a prompt
+whose tokens + --length - 1 exceed the context window, a field of a bad value) stop the run
+before any generation with an error naming the line; --skip_bad counts them on stderr and
+goes on.
 
 --workers N runs N processes of this command, worker k taking the batches b with
 b % N == k, all appending to --output (one write per batch, under a lock). Where
@@ -113,6 +114,9 @@ def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
             raise ValueError(f"--length must be at least 1, got {length}")
         if args.context_keep is not None and args.context_keep >= n_ctx:
             raise ValueError(f"--context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
+        if os.path.isdir(args.output):
+            raise ValueError(f"--output {args.output} is a folder: give the file to append the rows to, "
+                             f"for example {os.path.join(args.output, 'rows.jsonl')}")
         batches = input_batches(args, enc, n_ctx, length, load_hparams(folder).n_vocab)
         if args.worker is None:
             held = pool.lock(args.output)
