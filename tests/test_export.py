@@ -202,7 +202,12 @@ def controls(tiny):
 
 @pytest.fixture(scope="module")
 def exported(tiny_dir, tmp_path_factory):
-    return export_saved_model(tiny_dir, str(tmp_path_factory.mktemp("export") / "gpt2"))
+    """The tiny model's SavedModel, written under the umask 022 (test_every_file_is_readable_by_others)."""
+    umask = os.umask(0o022)
+    try:
+        return export_saved_model(tiny_dir, str(tmp_path_factory.mktemp("export") / "gpt2"))
+    finally:
+        os.umask(umask)
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +240,16 @@ def test_layout_and_one_copy_of_the_weights(exported, tiny_dir):
     assert sorted(os.listdir(os.path.dirname(exported))) == ["1"]
     assert {"saved_model.pb", "variables"} <= set(os.listdir(exported))
     assert_one_copy(exported, tiny_dir)
+
+
+def test_every_file_is_readable_by_others(exported):
+    """Under the umask 022 the version folder and everything in it can be read by another user
+    (TF Serving's): folders drwxr-xr-x, files -rw-r--r--, not a temporary folder's drwx------."""
+    modes = {os.path.relpath(root, exported) + "/": os.stat(root).st_mode & 0o777 for root, _, _ in os.walk(exported)}
+    files = {os.path.relpath(os.path.join(root, name), exported): os.stat(os.path.join(root, name)).st_mode & 0o777
+             for root, _, names in os.walk(exported) for name in names}
+    assert {"./", "variables/"} <= set(modes) and "saved_model.pb" in files
+    assert modes == dict.fromkeys(modes, 0o755) and files == dict.fromkeys(files, 0o644)
 
 
 def assert_one_copy(exported, model_dir):

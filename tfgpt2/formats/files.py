@@ -1,10 +1,12 @@
 """The one way tfgpt2 writes a file or a folder: under a temporary name beside it, moved to its
 final name only when complete, so that an interrupted write never leaves part of a file under
-a name that a reader (OpenAI's code, TF Serving, a resumed run) would take for whole."""
+a name that a reader (OpenAI's code, TF Serving, a resumed run) would take for whole. What it
+writes has the modes of the user's umask (a SavedModel readable by the user TF Serving runs as),
+and a command asks `refuse_existing` before it writes over what a user has."""
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
 
 
 @contextlib.contextmanager
@@ -39,7 +41,7 @@ def staging(folder, *, last=None):
     error each moves to the same place in `folder`, `last` (a relative path) at the end, so
     that its presence says the rest is there. Removed in any case."""
     os.makedirs(folder, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=folder)
+    tmp = _temporary_folder(folder, "staging")
     try:
         yield tmp
         files = [os.path.relpath(os.path.join(root, name), tmp) for root, _, names in os.walk(tmp) for name in names]
@@ -58,9 +60,27 @@ def new_folder(path):
         raise FileExistsError(f"{path} exists; choose another name or remove it")
     parent, name = os.path.split(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
+    tmp = _temporary_folder(parent, name)
     try:
         yield tmp
         os.rename(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _temporary_folder(parent, name):
+    """A new folder in `parent` under an unused hidden name, made as `os.makedirs` makes one:
+    with the umask's mode, not `tempfile.mkdtemp`'s owner-only 0700."""
+    path = os.path.join(parent, f".tmp-{name}-{os.getpid()}-{secrets.token_hex(6)}")
+    os.mkdir(path)
+    return path
+
+
+def refuse_existing(path, flag="--overwrite"):
+    """FileExistsError where `path` is a file, or a folder with anything in it: what a command
+    writes never replaces what a user has unless asked (`flag`)."""
+    if os.path.isdir(path) and os.listdir(path):
+        raise FileExistsError(f"{path} is a folder with files in it; choose another, or pass {flag} "
+                              "to write into it (replacing the files of the same names)")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise FileExistsError(f"{path} exists; choose another name, or pass {flag} to replace it")
