@@ -311,3 +311,42 @@ def test_model_names_resolve_models_dir_and_say_how_to_download(tiny_dir, tmp_pa
         generate_cli.main(["--model_name", "355M", "--models_dir", "elsewhere"])
     assert exit.value.code == ("error: elsewhere/355M: no such model folder; download it with "
                                "`tfgpt2 download 355M --models_dir elsewhere`")
+
+
+def test_load_model_on_a_hugging_face_folder_points_to_convert(tiny_dir, hf_dir, tmp_path):
+    """`tfgpt2.load_model` (and every command) on config.json + model.safetensors: the way to
+    read it, not just `hparams.json: no such file`; the way works."""
+    message = (rf"hparams.json: no such file; \S+ looks like a Hugging Face folder \(config.json\): convert it with "
+               rf"`tfgpt2 convert --from hf --to openai \S+ DST` \(in Python: tfgpt2.formats.convert.load\('\S+', "
+               r"'hf'\)\)")
+    with pytest.raises(FileNotFoundError, match=message):
+        load_model(hf_dir)
+    assert convert_cli.main(["--from", "hf", "--to", "openai", hf_dir, str(tmp_path / "dst"), "--quiet"]) == 0
+    expected = load_model(tiny_dir)(TOKENS)["logits"].numpy()
+    np.testing.assert_array_equal(load_model(str(tmp_path / "dst"))(TOKENS)["logits"].numpy(), expected)
+    np.testing.assert_array_equal(load(hf_dir, "hf")(TOKENS)["logits"].numpy(), expected)
+
+
+def test_the_command_writes_over_nothing_unless_asked(tiny_dir, tmp_path, capsys):
+    """DST with files in it: refused (unchanged) without --overwrite; a run folder is refused
+    even with it (it rewrote `checkpoint`, so the next `train` resumed from these weights)."""
+    def run(dst, *more):
+        with pytest.raises(SystemExit) as exit:
+            convert_cli.main(["--from", "openai", "--to", "openai", tiny_dir, str(dst), *more])
+        assert exit.value.code == 1
+        return capsys.readouterr().err
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert "mine is a folder with files in it; choose another, or pass --overwrite" in run(mine)
+    run_dir = tmp_path / "checkpoint" / "run1"
+    run_dir.mkdir(parents=True)
+    files = {"checkpoint": 'model_checkpoint_path: "model-3"\n', "counter": "3\n"}
+    for name, text in files.items():
+        (run_dir / name).write_text(text)
+    for more in ([], ["--overwrite"]):
+        assert "run1 is a training run folder" in run(run_dir, *more)
+    assert {p.name: p.read_text() for p in run_dir.iterdir()} == files
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert convert_cli.main(["--from", "openai", "--to", "hf", tiny_dir, str(mine), "--overwrite", "--quiet"]) == 0
+    assert (mine / "notes.txt").read_text() == "keep" and (mine / "config.json").is_file()

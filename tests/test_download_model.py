@@ -146,6 +146,12 @@ def test_complete_download(storage, tmp_path):
     assert sorted(storage.gets()) == sorted(storage.files)
 
 
+def test_hugging_faces_name_downloads_the_size(storage, tmp_path):
+    folder = dm.download_model('gpt2', tmp_path / 'models', storage.url)
+    assert Path(folder) == tmp_path / 'models' / '124M'
+    assert_complete(folder, storage.model)
+
+
 @pytest.mark.slow  # a fresh TensorFlow process
 def test_cli_complete_download(storage, tmp_path):
     """The command shows a bar per file on stderr and says where the model is on stdout; with

@@ -167,6 +167,28 @@ def test_export_command_refuses_bad_flags(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def test_an_existing_file_is_kept_and_another_file_named(tmp_path, capsys, signals):
+    """`export --format litert` over an existing file: refused (it is unchanged) unless
+    --overwrite, before any model is loaded; `generate --litert` on a file that is no LiteRT
+    file names it; --overwrite is a usage error for a SavedModel (a version is never replaced)."""
+    path = tmp_path / "gpt2.tflite"
+    path.write_bytes(b"an earlier export")
+    with pytest.raises(SystemExit) as exit:
+        export_main(["--format", "litert", "--model_dir", str(tmp_path / "none"), str(path)])
+    assert exit.value.code == 1
+    assert capsys.readouterr().err == f"error: {path} exists; choose another name, or pass --overwrite to replace it\n"
+    with pytest.raises(SystemExit) as exit:  # with --overwrite it goes on, to the missing model
+        export_main(["--format", "litert", "--overwrite", "--model_dir", str(tmp_path / "none"), str(path)])
+    assert "none: no such model folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        export_main(["--overwrite", "--model_dir", str(tmp_path / "none"), str(tmp_path / "exports")])
+    assert exit.value.code == 2 and "--overwrite applies to --format litert" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        generate_main(["--litert", str(path), "--nsamples", "1"])
+    assert exit.value.code == f"error: {path}: not a LiteRT file (The model is not a valid Flatbuffer buffer)"
+    assert path.read_bytes() == b"an earlier export"
+
+
 @pytest.mark.slow
 def test_client_example_needs_no_tfgpt2(small):
     """examples/litert_client.py imports neither tfgpt2 nor TensorFlow, and its greedy

@@ -1,4 +1,6 @@
 """Parameter counts: tied and untied, from hparams, from a built model, and from the CLI."""
+import json
+
 import pytest
 
 from tests.conftest import TINY
@@ -40,3 +42,18 @@ def test_cli_prints_breakdown(tiny_dir, capsys):
     out = capsys.readouterr().out
     tiny = dict(breakdown(default_hparams().override_from_dict(TINY)))
     assert f"{tiny['total, tied']:,}" in out
+
+
+def test_hugging_faces_names_are_the_published_sizes(tmp_path, capsys):
+    """gpt2, gpt2-medium, gpt2-large, gpt2-xl: 124M, 355M, 774M, 1558M, as MODEL, --model_name,
+    and a folder name in --models_dir."""
+    for alias, name in [("gpt2", "124M"), ("gpt2-medium", "355M"), ("gpt2-large", "774M"), ("gpt2-xl", "1558M")]:
+        outs = []
+        for argv in ([alias], ["--model_name", alias], [name]):
+            assert params_cli.main(argv) == 0
+            outs.append(capsys.readouterr().out)
+        assert outs[0] == outs[1] == outs[2]
+    (tmp_path / "355M").mkdir()
+    (tmp_path / "355M" / "hparams.json").write_text(json.dumps(dict(TINY)))
+    assert params_cli.main(["--model_name", "gpt2-medium", "--models_dir", str(tmp_path)]) == 0
+    assert f"hparams: {TINY}" in capsys.readouterr().out

@@ -61,12 +61,22 @@ PUBLISHED = {
 }
 
 
+# Hugging Face's names of the four sizes, taken wherever a model name is.
+ALIASES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl": "1558M"}
+
+
+def published_name(model_name):
+    """The published size an alias names ("gpt2-medium" -> "355M"); any other name as it is."""
+    return ALIASES.get(model_name, model_name)
+
+
 def as_hparams(value):
     """`value` itself if HParams, else HParams from its dict (as a Keras config holds them)."""
     return value if isinstance(value, HParams) else default_hparams().override_from_dict(value)
 
 
 def published_hparams(model_name):
+    model_name = published_name(model_name)
     if model_name not in PUBLISHED:
         raise ValueError(f"unknown model name {model_name!r}; the published sizes are {list(PUBLISHED)}")
     return default_hparams().override_from_dict(PUBLISHED[model_name])
@@ -89,6 +99,10 @@ def load_hparams(model_dir):
     missing one is an error, not the 124M default (the original would fill it in)."""
     path = os.path.join(model_dir, "hparams.json")
     if not os.path.isfile(path):
+        if os.path.isfile(os.path.join(model_dir, "config.json")):
+            raise FileNotFoundError(f"{path}: no such file; {model_dir} looks like a Hugging Face folder "
+                                    f"(config.json): convert it with `tfgpt2 convert --from hf --to openai {model_dir} "
+                                    f"DST` (in Python: tfgpt2.formats.hf_kerashub.load({model_dir!r}, 'hf'))")
         raise FileNotFoundError(f"{path}: no such file (is {model_dir!r} a GPT-2 model folder?)")
     values = read_json_object(path)
     missing = [key for key in FIELDS if key not in values]

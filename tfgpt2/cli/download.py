@@ -10,16 +10,18 @@ whole and resumes a .part file where the server allows it. Progress: a bar per f
 stderr; --quiet leaves the errors and warnings.
 """
 import argparse
+import os
 import sys
 
 from ..formats.openai_download import BASE_URL, MODEL_NAMES, DownloadError, download_model
+from ..hparams import ALIASES
 from .common import add_quiet
 
 
 def main(argv=None, prog="tfgpt2 download"):
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('model_name', help=', '.join(MODEL_NAMES))
+    parser.add_argument('model_name', help=f"{', '.join(MODEL_NAMES)} (or {', '.join(ALIASES)})")
     parser.add_argument('--models_dir', default='models', help='default: %(default)s')
     parser.add_argument('--base_url', default=BASE_URL, help='default: %(default)s')
     add_quiet(parser)
@@ -32,5 +34,5 @@ def main(argv=None, prog="tfgpt2 download"):
     except KeyboardInterrupt:
         print(f'{prog}: interrupted; rerun to resume', file=sys.stderr)
         return 130
-    print(f'{folder}: {args.model_name} complete')
+    print(f'{folder}: {os.path.basename(folder)} complete')
     return 0

@@ -7,14 +7,17 @@ LiteRT file for phones and small devices (docs/litert.md).
     tfgpt2 export --format litert --quantize int8 --model_name 124M gpt2-int8.tflite
 
 SavedModel: writes `<export_dir>/<version>/` with the signatures `serving_default` (logits)
-and `generate` (XLA generation loop). LiteRT: writes the file, with the signatures `prefill`
-and `decode` (`tfgpt2 generate --litert FILE` runs it). The model is given as to the other
-commands: --model_dir, or --model_name in --models_dir.
+and `generate` (XLA generation loop); an existing version is never replaced. LiteRT: writes
+the file, with the signatures `prefill` and `decode`, which
+`tfgpt2 generate --litert FILE --nsamples 1` runs; an existing file is replaced only with
+--overwrite. The model is given as to the other commands: --model_dir, or --model_name in
+--models_dir.
 """
 import argparse
 import os
 
 from ..encoder import EOT_TOKEN
+from ..formats.files import refuse_existing
 from ..formats.litert import QUANTIZE
 from .args import Parser, ranged
 from .common import DTYPES, add_model_flags, add_quiet, model_dir, parse
@@ -37,6 +40,8 @@ def main(argv=None, prog="tfgpt2 export"):
                         help="a SavedModel folder (default) or a LiteRT .tflite file")
     parser.add_argument("--quantize", choices=QUANTIZE,
                         help="LiteRT only: the weights as float32 (none, the default), float16 or int8")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="LiteRT only: replace an existing file (a SavedModel version is never replaced)")
     add_quiet(parser)
     args, progress = parse(parser, argv)
     if args.export_dir and args.export_dir_flag and args.export_dir != args.export_dir_flag:
@@ -48,6 +53,9 @@ def main(argv=None, prog="tfgpt2 export"):
         return export_litert_file(parser, args, progress, export_dir)
     if args.quantize:
         parser.error("--quantize applies to --format litert (a SavedModel takes --dtype)")
+    if args.overwrite:
+        parser.error("--overwrite applies to --format litert (a SavedModel version is never replaced: "
+                     "export another --version)")
     from ..formats.checkpoint import load_model
     from ..formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes
     try:
@@ -78,6 +86,8 @@ def export_litert_file(parser, args, progress, path):
     from ..formats.litert import export_litert
     quantize = args.quantize or "none"
     try:
+        if not args.overwrite:
+            refuse_existing(path)
         folder = model_dir(args)
         progress.note(f"loading {folder}")
         model = load_model(folder)
@@ -86,5 +96,5 @@ def export_litert_file(parser, args, progress, path):
     except (OSError, ValueError) as e:
         parser.exit(1, f"error: {e}\n")
     print(f"wrote {path} in {progress.seconds():.1f} s: {os.path.getsize(path) / 1e6:.1f} MB "
-          f"(signatures prefill and decode; run it: tfgpt2 generate --litert {path})")
+          f"(signatures prefill and decode; run it: tfgpt2 generate --litert {path} --nsamples 1)")
     return 0

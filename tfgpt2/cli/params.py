@@ -5,13 +5,14 @@
     tfgpt2 params --model_dir models/124M
     tfgpt2 params --model_name 124M --models_dir models
 
-MODEL is a published size (124M, 355M, 774M, 1558M) or a model folder with hparams.json.
+MODEL is a published size (124M, 355M, 774M, 1558M, or Hugging Face's gpt2, gpt2-medium,
+gpt2-large, gpt2-xl) or a model folder with hparams.json.
 """
 import argparse
 import os
 
 from ..formats.folders import model_folder
-from ..hparams import PUBLISHED, breakdown, load_hparams, published_hparams
+from ..hparams import ALIASES, PUBLISHED, breakdown, load_hparams, published_hparams, published_name
 from .args import Parser
 from .common import add_quiet
 
@@ -19,7 +20,7 @@ from .common import add_quiet
 def main(argv=None, prog="tfgpt2 params"):
     parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", metavar="MODEL", help="a published size or a model folder")
-    parser.add_argument("--model_name", choices=list(PUBLISHED), help="a published size")
+    parser.add_argument("--model_name", choices=[*PUBLISHED, *ALIASES], help="a published size")
     parser.add_argument("--model_dir", help="a model folder with hparams.json")
     parser.add_argument("--models_dir", help="with --model_name: read <models_dir>/<model_name>/hparams.json")
     add_quiet(parser)
@@ -27,7 +28,7 @@ def main(argv=None, prog="tfgpt2 params"):
     if sum(x is not None for x in (args.model, args.model_name, args.model_dir)) != 1:
         parser.error("give one model: MODEL, --model_name or --model_dir")
     if args.model is not None:
-        if args.model in PUBLISHED:
+        if published_name(args.model) in PUBLISHED:
             args.model_name = args.model
         elif os.path.isdir(args.model):
             args.model_dir = args.model

@@ -5,7 +5,7 @@ files, or neither for the shipped copy); and its hparams.json written."""
 import os
 
 from ..encoder import ASSETS_DIR, get_encoder, vocabulary_files
-from ..hparams import PUBLISHED
+from ..hparams import PUBLISHED, published_name
 from .files import write_text
 
 
@@ -21,20 +21,23 @@ def model_folder(model_name="124M", models_dir="models", model_dir=None):
 
 
 def find_model_dir(model, models_dir="models"):
-    """`model` if it is a folder, else the folder `<models_dir>/<model>` (a model name)."""
-    if os.path.isdir(model):
-        return model
-    path = os.path.join(models_dir, model)
-    if os.path.isdir(path):
-        return path
+    """`model` if it is a folder, else the folder `<models_dir>/<model>` (a model name); where
+    neither is, the same for the published size that the name's last part is Hugging Face's
+    name of (models/gpt2 -> models/124M)."""
+    folder, name = os.path.split(os.path.normpath(model))
+    alias = os.path.join(folder, published_name(name))
+    for path in (model, os.path.join(models_dir, model), alias, os.path.join(models_dir, alias)):
+        if os.path.isdir(path):
+            return path
     raise FileNotFoundError(missing_model(model, models_dir))
 
 
 def missing_model(model, models_dir="models"):
     """What to say of a model folder that does not exist (`model` a name in `models_dir`, or a
     path): how to download a published one."""
-    name = os.path.basename(os.path.normpath(model))
-    if model != name:
+    given = os.path.basename(os.path.normpath(model))
+    name = published_name(given)
+    if model != given:
         models_dir = os.path.dirname(os.path.normpath(model)) or "."
     where = os.path.join(models_dir, name)
     if name not in PUBLISHED:

@@ -16,6 +16,8 @@ import sys
 import requests
 from tqdm import tqdm
 
+from ..hparams import published_name
+
 BASE_URL = 'https://openaipublic.blob.core.windows.net/gpt-2'
 MODEL_NAMES = ('124M', '355M', '774M', '1558M')
 RENAMED = {'117M': '124M', '345M': '355M'}  # old names, rejected with a hint
@@ -34,8 +36,9 @@ class Unreachable(DownloadError):
 
 
 def download_model(model_name, models_dir='models', base_url=BASE_URL, *, progress=True):
-    """Fetch every file of `model_name` into models_dir/model_name; returns that folder (made
-    when the first file arrives)."""
+    """Fetch every file of `model_name` (or Hugging Face's name of it: gpt2, gpt2-medium, ...)
+    into models_dir/model_name; returns that folder (made when the first file arrives)."""
+    model_name = published_name(model_name)
     check_model_name(model_name)
     folder = os.path.join(models_dir, model_name)
     with requests.Session() as session:

@@ -28,6 +28,14 @@ def _step_of(prefix):
     return int(open(counter).read().strip() or 0) if os.path.isfile(counter) else 0
 
 
+def refuse_run_folder(path):
+    """FileExistsError where `path` is a run folder (it has a `counter`): a command writing
+    weights there would change what its next run resumes from."""
+    if os.path.isfile(os.path.join(path, "counter")):
+        raise FileExistsError(f"{path} is a training run folder (it has a counter file); writing into it would "
+                              "change the checkpoint its next `tfgpt2 train` resumes from: choose another folder")
+
+
 def checkpoint_steps(run_dir):
     """Steps of the model-<step> checkpoints the run folder's `checkpoint` file names."""
     state = tf.train.get_checkpoint_state(run_dir)
