@@ -209,6 +209,22 @@ def test_corrupt_data_file(folder):
         load_model(folder)
 
 
+def test_weights_that_are_not_finite_are_refused_naming_the_tensor(tmp_path, signals):
+    """A diverged run's NaN (or inf) weights: one line naming the file and the tensor, from the
+    library and from `tfgpt2 generate`, rather than text from NaN logits."""
+    from tfgpt2.cli import generate
+    hparams = default_hparams().override_from_dict(dict(TINY, n_layer=1))
+    for value in (np.nan, np.inf):
+        weights = random_weights(hparams)
+        weights["model/h0/mlp/c_fc/w"][0, 3, 5] = value
+        save_checkpoint(weights, hparams, str(tmp_path / "diverged"))
+        message = r"model.ckpt.data-00000-of-00001: tensor 'model/h0/mlp/c_fc/w' holds NaN or inf values"
+        with pytest.raises(CheckpointError, match=message):
+            load_model(str(tmp_path / "diverged"))
+    with pytest.raises(SystemExit, match=f"^error: .*{message}"):
+        generate.main(["--model_dir", str(tmp_path / "diverged"), "--nsamples", "1", "--length", "2"])
+
+
 def test_corrupt_index_file(folder):
     (folder / "model.ckpt.index").write_bytes(b"not an index")
     with pytest.raises(CheckpointError, match=r"model\.ckpt\.index: cannot read the checkpoint"):

@@ -7,6 +7,8 @@ import io
 import json
 import os
 import re
+import resource
+import signal
 import subprocess
 import sys
 
@@ -213,3 +215,129 @@ def test_python_m_tfgpt2_train_keeps_its_name_and_the_forks_flags(tmp_path):
     assert child.stdout.startswith("usage: python -m tfgpt2.train ")
     for flag in ("--dataset", "--model_name", "--run_name", "--sample_every", "--save_every", "--restore_from"):
         assert flag in child.stdout
+
+
+# Nothing lost, nothing replaced: what each command writes over, and its one-line errors
+
+def contents(folder):
+    """{relative path: bytes} of every file under `folder`."""
+    return {os.path.relpath(os.path.join(root, name), folder): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def test_make_checkpoint_replaces_no_folder_and_guesses_no_size(tmp_path, capsys):
+    """Over a folder with files (downloaded weights, say; gpt2 is 124M): refused, the folder
+    unchanged. A name that is no published size: refused without --hparams (it took 124M's)."""
+    from tfgpt2.cli import make_checkpoint
+    models = tmp_path / "models"
+    (models / "124M").mkdir(parents=True)
+    (models / "124M" / "model.ckpt.index").write_bytes(b"downloaded")
+    for name in ("124M", "gpt2"):
+        with pytest.raises(SystemExit) as exit:
+            make_checkpoint.main([name, "--models_dir", str(models), "--quiet"])
+        assert exit.value.code == 1
+        assert capsys.readouterr().err == (f"error: {models / '124M'} is a folder with files in it; choose another, "
+                                           "or pass --overwrite to write into it (replacing the files of the same "
+                                           "names)\n")
+    with pytest.raises(SystemExit) as exit:
+        make_checkpoint.main(["mine", "--models_dir", str(models)])
+    assert exit.value.code == 2
+    assert "'mine' is no published size (124M, 355M, 774M, 1558M): give its shape with --hparams" in \
+        capsys.readouterr().err
+    assert contents(models) == {"124M/model.ckpt.index": b"downloaded"}
+    tiny = json.dumps({"n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1})
+    assert make_checkpoint.main(["124M", "--models_dir", str(models), "--hparams", tiny, "--overwrite",
+                                 "--quiet"]) == 0
+    assert json.loads((models / "124M" / "hparams.json").read_text())["n_embd"] == 8
+
+
+def test_encode_writes_a_file_not_a_folder_and_replaces_nothing(tmp_path, capsys):
+    """`encode corpus.txt /tmp` wrote /tmp.npz: a folder is refused, naming a file to write in
+    it; an existing .npz is kept without --overwrite; an unknown --encoding is a usage error."""
+    from tfgpt2.cli import encode
+    (tmp_path / "a.txt").write_text("Hello world. " * 10)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(SystemExit) as exit:
+        encode.main([str(tmp_path / "a.txt"), str(tmp_path / "out")])
+    assert exit.value.code == 2
+    assert f"{tmp_path / 'out'} is a folder; name the .npz file to write in it, e.g. " \
+           f"{tmp_path / 'out' / 'corpus.npz'}" in capsys.readouterr().err
+    assert not (tmp_path / "out.npz").exists()
+    (tmp_path / "old.npz").write_bytes(b"earlier")
+    with pytest.raises(SystemExit, match=r"old.npz exists; choose another name, or pass --overwrite to replace it"):
+        encode.main([str(tmp_path / "a.txt"), str(tmp_path / "old.npz")])
+    assert (tmp_path / "old.npz").read_bytes() == b"earlier"
+    encode.main([str(tmp_path / "a.txt"), str(tmp_path / "old"), "--overwrite", "--quiet"])
+    assert (tmp_path / "old.npz").read_bytes()[:2] == b"PK"
+
+
+@pytest.mark.parametrize("command", ["encode", "evaluate", "train"])
+def test_an_unknown_encoding_is_a_usage_error(command, tmp_path, capsys):
+    argv = {"encode": [str(tmp_path / "a.txt"), str(tmp_path / "a.npz")], "evaluate": ["--dataset", "a.txt"],
+            "train": ["--dataset", "a.txt"]}[command] + ["--encoding", "nope-8"]
+    with pytest.raises(SystemExit) as exit:
+        importlib.import_module(cli.module_name(command)).main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "--encoding: unknown text encoding 'nope-8' (for example utf-8, latin-1, cp1252)" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_the_docs_sample_commands_end(tmp_path):
+    """`tfgpt2 generate` without --prompt generates until interrupted (--nsamples 0, as the
+    original): every example of it in the README, the docs and the commands' help sets
+    --nsamples."""
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "tfgpt2" / "cli").glob("*.py"))]
+    pattern = re.compile(r"(?:tfgpt2 generate|python -m tfgpt2\.generate_unconditional_samples)(?![-\w])[^\n`|]*")
+    examples = [(path.name, m.group(0)) for path in texts for m in pattern.finditer(path.read_text())]
+    assert len(examples) > 5
+    endless = [(name, line) for name, line in examples
+               if " --" in line and "--nsamples" not in line and "--prompt" not in line and "--help" not in line]
+    assert not endless
+
+
+def interrupted(args, ready, cwd):
+    """`tfgpt2 ARGS` in a child (SIGINT at its default, as a shell leaves it), sent SIGINT once
+    its stderr shows `ready`: (exit status, stderr)."""
+    with subprocess.Popen([sys.executable, "-m", "tfgpt2_cli", *args], cwd=cwd, env=cli_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as child:
+        err = ""
+        while ready not in err:
+            line = child.stderr.readline()
+            assert line, err
+            err += line
+        child.send_signal(signal.SIGINT)
+        err += child.stderr.read()
+        return child.wait(timeout=120), err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["export", "evaluate"])
+def test_ctrl_c_ends_a_command_with_status_130_in_one_line(command, tiny_dir, tmp_path):
+    """Ctrl-C (SIGINT) during `export` or `evaluate`: status 130, the shell's for an interrupted
+    command, a line saying so and no traceback; an interrupted export leaves no version folder."""
+    (tmp_path / "long.txt").write_text("It was the best of times, it was the worst of times. " * 100000)
+    args, ready = {"export": (["--model_dir", tiny_dir, str(tmp_path / "exports")], "tracing the serving_default"),
+                   "evaluate": (["--model_dir", tiny_dir, "--dataset", str(tmp_path / "long.txt")],
+                                "reading and encoding")}[command]
+    status, err = interrupted([command, *args], ready, tmp_path)
+    assert status == 130 and err.endswith(f"\ntfgpt2 {command}: interrupted\n") and "Traceback" not in err, err
+    if command == "export":  # no version folder, nor a hidden one half written
+        assert not (tmp_path / "exports").exists() or os.listdir(tmp_path / "exports") == []
+
+
+@pytest.mark.slow
+def test_generate_says_a_batch_that_does_not_fit_in_memory(tiny_dir, tmp_path):
+    """`generate --batch_size 100000`: 20 GB for the tiny model's logits alone. The
+    child's address space is capped (8 GiB) so that the allocation fails at once wherever the
+    test runs: one line saying so, and no banner of a sample that never comes."""
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    child = subprocess.run([sys.executable, "-m", "tfgpt2_cli", "generate", "--model_dir", tiny_dir, "--batch_size",
+                            "100000", "--nsamples", "1", "--length", "8", "--quiet"], cwd=tmp_path,
+                           env=dict(cli_env(), CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=300,
+                           preexec_fn=cap)
+    assert child.returncode == 1 and child.stdout == ""
+    assert child.stderr == ("error: out of memory generating --batch_size 100000 samples of 8 tokens at once: "
+                            "use a smaller --batch_size\n")

@@ -317,7 +317,7 @@ def test_load_model_on_a_hugging_face_folder_points_to_convert(tiny_dir, hf_dir,
     """`tfgpt2.load_model` (and every command) on config.json + model.safetensors: the way to
     read it, not just `hparams.json: no such file`; the way works."""
     message = (rf"hparams.json: no such file; \S+ looks like a Hugging Face folder \(config.json\): convert it with "
-               rf"`tfgpt2 convert --from hf --to openai \S+ DST` \(in Python: tfgpt2.formats.convert.load\('\S+', "
+               rf"`tfgpt2 convert --from hf --to openai \S+ DST` \(in Python: tfgpt2.formats.hf_kerashub.load\('\S+', "
                r"'hf'\)\)")
     with pytest.raises(FileNotFoundError, match=message):
         load_model(hf_dir)

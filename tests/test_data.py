@@ -97,6 +97,11 @@ def test_bad_datasets_are_clear_errors(enc, tmp_path):
     (tmp_path / "broken.npz").write_bytes(b"not a zip")
     with pytest.raises(data.DatasetError, match="broken.npz: not a readable .npz"):
         data.load_dataset(enc, str(tmp_path / "broken.npz"))
+    np.savez_compressed(tmp_path / "whole.npz", np.arange(5000) % 50257)
+    whole = (tmp_path / "whole.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[:len(whole) // 2])  # a copy that stopped half way: a zip's start
+    with pytest.raises(data.DatasetError, match=r"cut.npz: not a readable .npz file \(BadZipFile"):
+        data.load_dataset(enc, str(tmp_path / "cut.npz"))
     with pytest.raises(data.DatasetError, match="the longest 3; a training window needs 5"):
         data.Windows([np.arange(3), np.arange(2)], 5, name="small")
     with pytest.raises(data.DatasetError, match="0 tokens in 0 chunks"):

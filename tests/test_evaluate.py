@@ -62,3 +62,37 @@ def test_bad_input_is_a_clear_error(tiny_dir, tmp_path):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(SystemExit, match="empty.txt: no text to evaluate"):
         evaluate_cli.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "empty.txt")])
+
+
+@pytest.mark.slow
+def test_an_npz_of_encode_is_scored_as_its_text(tiny_dir, tmp_path, capsys):
+    """`tfgpt2 evaluate --dataset corpus.npz` (of `tfgpt2 encode`) prints the line the text
+    itself gives; a truncated .npz is one line naming it."""
+    from tfgpt2.cli import encode
+    (tmp_path / "text.txt").write_text(TEXT)
+    encode.main([str(tmp_path / "text.txt"), str(tmp_path / "text.npz"), "--quiet"])
+    lines = []
+    for dataset in ("text.txt", "text.npz"):
+        capsys.readouterr()
+        evaluate_cli.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / dataset), "--quiet"])
+        lines.append(capsys.readouterr().out)
+    assert lines[0].startswith("tokens ") and lines[1] == lines[0]
+    whole = (tmp_path / "text.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(SystemExit, match=r"^error: \S+cut.npz: not a readable .npz file \(BadZipFile"):
+        evaluate_cli.main(["--model_dir", tiny_dir, "--dataset", str(tmp_path / "cut.npz")])
+
+
+@pytest.mark.slow
+def test_a_loss_that_is_not_finite_is_an_error(tmp_path, capsys):
+    """Weights so large that the logits overflow: the loss is NaN, and the command says so and
+    fails rather than print it."""
+    from tests.conftest import TINY
+    from tfgpt2.hparams import default_hparams
+    from tfgpt2.testing.checkpoints import make_checkpoint
+    folder = make_checkpoint(str(tmp_path / "huge"), default_hparams().override_from_dict(dict(TINY, n_layer=1)),
+                             std=1e30)
+    (tmp_path / "text.txt").write_text(TEXT[:100])
+    with pytest.raises(SystemExit, match=r"^error: the loss of \S+huge over \S+text.txt is nan"):
+        evaluate_cli.main(["--model_dir", folder, "--dataset", str(tmp_path / "text.txt"), "--quiet"])
+    assert capsys.readouterr().out == ""

@@ -38,3 +38,14 @@ def token_value(text):
     if token is None or token < 0 or math.isnan(value) or value == math.inf:
         raise argparse.ArgumentTypeError(f"must be TOKEN_ID=VALUE (a token id, a number or -inf), got {text!r}")
     return token, value
+
+
+
+def checked(check):
+    """An argparse type: the text as `check(text)` returns it; its ValueError is the usage error."""
+    def convert(text):
+        try:
+            return check(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert

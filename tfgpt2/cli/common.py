@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from ..formats.folders import encoder_of, model_folder, model_path
 from ..hparams import load_hparams
-from .args import Parser, ranged, token_value
+from .args import Parser, checked, ranged, token_value
 
 DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]  # Keras dtype policies
 
@@ -24,7 +24,9 @@ def add_quiet(parser):
 
 def add_text_flags(parser, whose):
     """--encoding of the text `whose` (for example "the text files'"), and --quiet."""
-    parser.add_argument("--encoding", default="utf-8", help=f"{whose} encoding")
+    from ..train.data import check_encoding
+    parser.add_argument("--encoding", type=checked(check_encoding), default="utf-8",
+                        help=f"{whose} encoding (default utf-8)")
     add_quiet(parser)
 
 
@@ -174,7 +176,17 @@ def print_batch(model, enc, args, length, context, batch, first, count):
     numbered from `first`, by the model or a LiteRT file's (`formats.litert.LiteRTModel`): the
     first one as it is generated (flushed every few tokens, a
     character split across tokens printed once whole), the others once the batch is done.
-    With --seed, batch number `batch` of the run uses seed + batch: batches differ, runs repeat."""
+    With --seed, batch number `batch` of the run uses seed + batch: batches differ, runs repeat.
+    Exits with a line saying so where the batch does not fit in memory."""
+    import tensorflow as tf
+    try:
+        _print_batch(model, enc, args, length, context, batch, first, count)
+    except (tf.errors.ResourceExhaustedError, MemoryError):
+        sys.exit(f"error: out of memory generating --batch_size {args.batch_size} samples of {length} tokens "
+                 "at once: use a smaller --batch_size")
+
+
+def _print_batch(model, enc, args, length, context, batch, first, count):
     from ..formats.litert import LiteRTModel, generate_litert
     from ..sample import sample_sequence
     rows = [[] for _ in range(args.batch_size)]
@@ -195,8 +207,9 @@ def print_batch(model, enc, args, length, context, batch, first, count):
                 for row, new in zip(rows, piece):
                     row.extend(new.tolist())
                 yield piece[0]
-        write(banner(first) + "\n")
-        for text in texts(enc, first_row()):
+        row = texts(enc, first_row())
+        write(banner(first) + "\n" + next(row))  # the banner once the batch has started
+        for text in row:
             write(text)
         write("\n")
     for n, row in enumerate(rows[1:count], first + 1):

@@ -18,7 +18,7 @@ samples are numbered 1, 2, 3, ... and there are exactly --nsamples of them.
 ai_edge_litert, one prompt at a time (the file runs at batch 1), with the same sampling.
 
 The original's spelling works too, with the same flags:
-    python -m tfgpt2.generate_unconditional_samples --model_name 124M --top_k 40
+    python -m tfgpt2.generate_unconditional_samples --model_name 124M --nsamples 2 --top_k 40
 """
 import sys
 

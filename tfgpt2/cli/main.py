@@ -58,10 +58,18 @@ def usage():
 
 
 def run_command(name, argv=None, *, prog=None):
-    """Run command `name` on `argv` (default: the process's arguments) and exit with its status."""
+    """Run command `name` on `argv` (default: the process's arguments) and exit with its status;
+    Ctrl-C ends it with a line and status 130, the shell's for an interrupted command (what a
+    command writes is complete or not there: `formats.files`)."""
     quiet()
-    module = importlib.import_module(module_name(name))
-    sys.exit(module.main(sys.argv[1:] if argv is None else argv, prog=prog or f"tfgpt2 {name}"))
+    prog = prog or f"tfgpt2 {name}"
+    try:
+        module = importlib.import_module(module_name(name))
+        status = module.main(sys.argv[1:] if argv is None else argv, prog=prog)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        status = 130
+    sys.exit(status)
 
 
 def main(argv=None):

@@ -9,6 +9,7 @@ import glob
 import os
 import re
 
+import numpy as np
 import tensorflow as tf
 
 from ..hparams import load_hparams, variable_shapes
@@ -114,6 +115,9 @@ def _restore(model, prefix, header, entries, source):
         copies = getattr(variable.value, "values", (variable.value,))
         try:
             for indices, rows in bundle.row_blocks(prefix, header, entries[name]):
+                if not np.isfinite(rows).all():
+                    raise CheckpointError(f"{bundle.data_file(prefix, header, entries[name])}: tensor {name!r} "
+                                          "holds NaN or inf values (from a training run that diverged?)")
                 for copy in copies:
                     # in place, unlike `copy[a:b].assign`, which reads the variable first, so
                     # that TensorFlow copies the whole buffer before writing to it

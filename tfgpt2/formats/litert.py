@@ -147,7 +147,10 @@ class LiteRTModel:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no LiteRT file at {path}")
         self.path = path
-        self.interpreter = Interpreter(model_path=path, num_threads=num_threads)
+        try:
+            self.interpreter = Interpreter(model_path=path, num_threads=num_threads)
+        except (ValueError, RuntimeError) as e:  # the interpreter's message does not name the file
+            raise ValueError(f"{path}: not a LiteRT file ({str(e).strip().splitlines()[0]})") from None
         found = self.interpreter.get_signature_list()
         if set(found) != set(SIGNATURES):
             raise ValueError(f"{path}: expected the signatures {', '.join(SIGNATURES)}, found {', '.join(found)}")

@@ -10,6 +10,7 @@ import numbers
 import os
 
 from ..model import LORA_TARGETS
+from .data import check_encoding
 from .distribute import STRATEGIES
 from .optimizers import OPTIMIZERS
 
@@ -26,8 +27,8 @@ def number(default, help=None, *, low, high=None):
     return _setting(default, help, float, low=low, high=high)
 
 
-def text(default, help=None, *, choices=None):
-    return _setting(default, help, str, choices=choices)
+def text(default, help=None, *, choices=None, check=None):
+    return _setting(default, help, str, choices=choices, check=check)
 
 
 def switch(help):
@@ -46,7 +47,7 @@ class TrainConfig:
     models_dir: str = text("models")
     combine: int = integer(50000, "join text files with <|endoftext|> until at least this many characters "
                                   "per chunk", low=1)
-    encoding: str = text("utf-8", "the text files' encoding")
+    encoding: str = text("utf-8", "the text files' encoding", check=check_encoding)
     batch_size: int = integer(1, "windows per micro-batch in all, split over the replicas of --strategy", low=1)
     strategy: str = text("auto", "auto: several GPUs -> mirrored, TF_CONFIG -> multiworker, else one "
                                  "(see tfgpt2/train/distribute.py)", choices=STRATEGIES)
@@ -147,7 +148,10 @@ def _checked(field, value):
         value = os.fspath(value)
         if rule["choices"] and value not in rule["choices"]:
             raise ValueError(f"{flag} must be one of {', '.join(rule['choices'])}, got {value!r}")
-        return value
+        try:
+            return rule["check"](value) if rule["check"] else value
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
     if rule["kind"] is list:
         values = (value,) if isinstance(value, str) else value
         if isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values):

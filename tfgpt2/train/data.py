@@ -12,6 +12,8 @@ depend on what ran before it: a resumed run sees the same windows as an uninterr
 """
 import glob
 import os
+import zipfile
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -37,6 +39,15 @@ def dataset_paths(path):
     return sorted(paths)
 
 
+def check_encoding(name):
+    """`name` if it names a text encoding Python knows (utf-8, latin-1, cp1252, ...), else ValueError."""
+    try:
+        "x".encode(name)  # LookupError for an unknown name, or a codec that is no text encoding (rot13)
+    except LookupError:
+        raise ValueError(f"unknown text encoding {name!r} (for example utf-8, latin-1, cp1252)") from None
+    return name
+
+
 def read_text(path, encoding="utf-8"):
     try:
         with open(path, encoding=encoding) as f:
@@ -55,8 +66,8 @@ def load_npz(path, n_vocab=None):
         with np.load(path) as npz:
             names = sorted(npz.files, key=lambda n: (len(n), n))
             chunks = [npz[name] for name in names]
-    except (OSError, ValueError) as e:
-        raise DatasetError(f"{path}: not a readable .npz file: {e}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # a truncated or damaged file
+        raise DatasetError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from None
     for name, chunk in zip(names, chunks):
         if chunk.ndim != 1 or not np.issubdtype(chunk.dtype, np.integer):
             raise DatasetError(f"{path}: {name} is {chunk.dtype} of shape {list(chunk.shape)}; "
@@ -95,6 +106,24 @@ def load_dataset(enc, path, *, combine=50000, encoding="utf-8", n_vocab=None):
             flush()
     flush()
     return [c for c in chunks if c.size]
+
+
+def scored_tokens(enc, path, *, encoding="utf-8", n_vocab=None):
+    """(token ids, the UTF-8 bytes they stand for) of a text file, or of an `.npz` of chunks,
+    to score (`tfgpt2 evaluate`): the text, or each chunk, after an <|endoftext|>, so that its
+    first token is scored too."""
+    if path.endswith(".npz"):
+        chunks = load_npz(path, n_vocab)
+        n_bytes = sum(len(enc.encoding.decode_bytes(chunk.tolist())) for chunk in chunks)
+    else:
+        text = read_text(path, encoding)
+        chunks, n_bytes = [enc.encode(text)], len(text.encode("utf-8"))
+    tokens = []
+    for chunk in chunks:
+        tokens += [enc.eot_token, *map(int, chunk)] if len(chunk) else []
+    if len(tokens) < 2:
+        raise DatasetError(f"{path}: no text to evaluate")
+    return tokens, n_bytes
 
 
 def split_validation(chunks, fraction):
