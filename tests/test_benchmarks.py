@@ -279,3 +279,21 @@ def test_export_report(tiny_dir, tmp_path):
     assert paths[0]["vs_in_process"] == 1
     assert paths[1]["vs_in_process"] == pytest.approx(paths[1]["ms_per_token"]["median"]
                                                       / paths[0]["ms_per_token"]["median"])
+
+
+@pytest.mark.slow  # six TensorFlow processes
+def test_memory_report(tiny_dir, tmp_path):
+    """The figures the tests leave to a report: each measured in fresh processes, each ratio
+    that of its own figures (with one run, exactly)."""
+    from conftest import TINY
+    assert run_main("benchmark_memory", "--model_dir", tiny_dir, "--hparams", json.dumps(TINY), "--runs", "1",
+                    "--report", str(tmp_path)) == 0
+    data = assert_report(str(tmp_path), "memory", "benchmark_memory.py")
+    table = rows(data)
+    assert [(r["measure"], r["setting"]) for r in table] == [
+        ("load_model", "float32"), ("load_model", "bfloat16"), ("Adam step without XLA", "1 micro-batch"),
+        ("Adam step without XLA", "2 micro-batches"), ("XLA's bytes for an Adam step", "without remat"),
+        ("XLA's bytes for an Adam step", "remat")]
+    assert all(r["mb"]["n"] == 1 and r["mb"]["median"] > 0 for r in table)
+    assert table[5]["relative"]["median"] == pytest.approx(table[5]["mb"]["median"] / table[4]["mb"]["median"])
+    assert data["settings"]["remat_hparams"] == TINY and data["settings"]["model_dir"] == tiny_dir

@@ -234,17 +234,17 @@ def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
 
 def test_killing_a_worker_stops_the_run_with_its_checkpoint_intact_and_resume_works(
         tiny_dir, corpus, tmp_path, one_device):
+    """The chief notices the dead worker: it exits 1 with the checkpoint to resume from (a chief
+    that hung would run into `finish`'s timeout, one that went on would exit 0 at step 1000)."""
     run_dir = tmp_path / "run"
     children = start_workers(flags(tiny_dir, corpus, tmp_path, steps=1000))
     while not (run_dir / "counter").exists() and children[0].poll() is None:
         time.sleep(0.1)
     children[1].send_signal(signal.SIGKILL)
-    killed_at = time.monotonic()
     (code, _, err), (killed, _, _) = finish(children, timeout=200)
     assert killed == -signal.SIGKILL
     assert code == 1, err
     lines = err.strip().splitlines()
-    assert time.monotonic() - killed_at < 60  # the chief notices (2 s here), it does not hang
     step = int((run_dir / "counter").read_text())
     assert lines[-2].startswith("error: training stopped: "), err
     assert lines[-1] == (f"The last complete checkpoint is {run_dir}/model-{step}; run the same command "

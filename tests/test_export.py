@@ -26,21 +26,18 @@ pytestmark = pytest.mark.slow  # SavedModels exported and served in fresh proces
 SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
 CHILD = """
-import pickle, resource, sys, time
+import pickle, sys
 import tensorflow as tf
 requests, results = sys.argv[1:]
-loaded, answers, costs = {}, {}, {}
+loaded, answers = {}, {}
 for name, (saved_model, signature, inputs) in pickle.load(open(requests, "rb")).items():
     if saved_model not in loaded:
         loaded[saved_model] = tf.saved_model.load(saved_model)
-    start, peak = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         outputs = loaded[saved_model].signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
         answers[name] = {k: v.numpy() for k, v in outputs.items()}
     except Exception as e:
         answers[name] = f"{type(e).__name__}: {e}"
-    costs[name] = (time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak)
-answers["costs"] = costs
 answers["tfgpt2 modules"] = [m for m in sys.modules if m.split(".")[0] == "tfgpt2"]
 pickle.dump(answers, open(results, "wb"))
 """
@@ -326,15 +323,6 @@ def test_greedy_matches_the_reference(answers, reference_tiny):
         np.testing.assert_array_equal(answers["greedy"]["output_ids"][row], theirs[0], err_msg=f"row {row}")
 
 
-def test_overflowing_requests_are_refused_before_anything_is_allocated(answers):
-    """max_new_tokens near 2**31 once overflowed the length check and ran until killed: now
-    refused (test_bad_requests_fail_with_a_message) before a buffer of that length is made (one
-    of 2**31 int32 tokens alone is 8 GB)."""
-    for name in ("max_new_tokens 2**31-1", "max_new_tokens 2**31-2"):
-        _, growth_kb = answers["costs"][name]
-        assert isinstance(answers[name], str) and growth_kb < 100_000, f"{name}: +{growth_kb / 1e3:.0f} MB"
-
-
 @pytest.mark.parametrize("name, message", [
     ("logits id out of range", "token ids must be in [0, n_vocab=50257)"),
     ("logits beyond n_ctx", "exceeds the context window n_ctx=64"),
@@ -356,6 +344,7 @@ def test_overflowing_requests_are_refused_before_anything_is_allocated(answers):
     ("ids rank 1", "is not compatible with expected shape [?,?]"),
     ("ids int64", "expected to be a int32 tensor but is a int64 tensor"),
     ("top_p float64", "expected to be a float tensor but is a double tensor"),
+    # once overflowed the length check and ran until killed (a buffer of 2**31 tokens is 8 GB)
     ("max_new_tokens 2**31-1", "must be <= n_ctx=64"),
     ("max_new_tokens 2**31-2", "must be <= n_ctx=64"),
     ("max_new_tokens -5", "length (max_new_tokens) must be >= 1"),
@@ -423,7 +412,7 @@ def test_saved_model_cli_show_and_run(exported, tiny, tmp_path):
 
 
 FUZZ = """
-import collections, resource, sys
+import collections, sys
 import numpy as np
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -572,11 +561,9 @@ def check(req):
     outcomes["ok"] += 1
 
 
-start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 check()
 print(dict(outcomes))
-print(outcomes.pop("ok", 0), sum(outcomes.values()), len(outcomes),
-      (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) // 1024)
+print(outcomes.pop("ok", 0), sum(outcomes.values()), len(outcomes))
 """
 
 
@@ -584,11 +571,10 @@ def test_fuzzed_requests_succeed_or_fail_with_the_checks_message(exported, tmp_p
     """Random requests (dtypes, ranks, extreme and NaN values, masks) to the SavedModel in a
     TensorFlow-only process: each good one gives valid output, each bad one is refused with the
     message (and the values it shows) of a check it fails, worked out here from the request
-    (`refusals`); none hangs, and memory stays bounded."""
+    (`refusals`); none hangs."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", FUZZ, exported, "50257", "64", "60"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ok, refused, kinds, growth_mb = map(int, result.stdout.split()[-4:])
+    ok, refused, kinds = map(int, result.stdout.split()[-3:])
     assert ok >= 5 and refused >= 5 and kinds >= 4, result.stdout
-    assert growth_mb < 1000, f"memory grew {growth_mb} MB over the requests"
