@@ -17,6 +17,7 @@ import requests
 from tqdm import tqdm
 
 from ..hparams import published_name
+from .folders import model_path
 
 BASE_URL = 'https://openaipublic.blob.core.windows.net/gpt-2'
 MODEL_NAMES = ('124M', '355M', '774M', '1558M')
@@ -40,7 +41,7 @@ def download_model(model_name, models_dir='models', base_url=BASE_URL, *, progre
     into models_dir/model_name; returns that folder (made when the first file arrives)."""
     model_name = published_name(model_name)
     check_model_name(model_name)
-    folder = os.path.join(models_dir, model_name)
+    folder = model_path(model_name, models_dir)
     with requests.Session() as session:
         for filename in FILENAMES:
             url = f"{base_url.rstrip('/')}/models/{model_name}/{filename}"
