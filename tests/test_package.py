@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -26,7 +27,8 @@ from tfgpt2.testing.checkpoints import make_checkpoint
 # What TensorFlow writes to descriptor 2 as it starts, and its C++ log lines in general
 TF_STARTUP = re.compile(r"absl::InitializeLog|cudart_stub|cpu_feature_guard|cuInit|oneDNN|"
                         r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
-SUBPACKAGES = ["tfgpt2", "tfgpt2.bulk", "tfgpt2.cli", "tfgpt2.decoding", "tfgpt2.formats", "tfgpt2.testing", "tfgpt2.train"]
+SUBPACKAGES = ["tfgpt2", "tfgpt2.bulk", "tfgpt2.cli", "tfgpt2.decoding", "tfgpt2.formats", "tfgpt2.serve",
+               "tfgpt2.testing", "tfgpt2.train"]
 
 README = (ROOT / "README.md").read_text()
 
@@ -102,6 +104,12 @@ def storage(tmp_path):
         yield store
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def build_wheel(tmp_path):
     """The wheel `pip wheel` builds from the package's files, checked for what it must hold."""
     source, wheels = tmp_path / "source", tmp_path / "wheels"
@@ -143,7 +151,8 @@ EXPECTED = {"tfgpt2 download ": r"^models/124M: 124M complete$",
             "tfgpt2 generate ": r"^=+ SAMPLE 1 =+$",
             "tfgpt2 train ": r"^\[\d+\] loss=|^checkpoint/run1 has made its --steps 200 updates already",
             "tfgpt2 export ": r"^wrote exports/\S+/1 in ",
-            "tfgpt2 params ": r"^total, tied +[0-9,]+$"}
+            "tfgpt2 params ": r"^total, tied +[0-9,]+$",
+            "tfgpt2 serve ": r'^\{"object":"list","data":\[\{"id":"124M"'}
 
 
 # Runs a plan in one process of the wheel's venv: each step either Python code (run as a script
@@ -151,10 +160,23 @@ EXPECTED = {"tfgpt2 download ": r"^models/124M: 124M complete$",
 # text an `echo ... |` before it gives as stdin), each in its folder, with descriptors 1 and 2
 # caught in files: one TensorFlow start-up for them all.
 IN_ONE_PROCESS = """
-import json, os, shlex, sys, tempfile, tfgpt2_cli
+import json, os, re, shlex, signal, sys, tempfile, threading, time, urllib.request, tfgpt2_cli
+
+def list_models_then_drain(port):  # `tfgpt2 serve`: once it answers, ended as SIGTERM ends it
+    for _ in range(1200):
+        try:
+            print(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read().decode(), flush=True)
+            break
+        except OSError:
+            time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGTERM)
+
 results = []
 for kind, step, cwd in json.load(open(sys.argv[1])):
     os.chdir(cwd)
+    if step.startswith("tfgpt2 serve "):
+        threading.Thread(target=list_models_then_drain, args=(re.search("--port ([0-9]+)", step).group(1),),
+                         daemon=True).start()
     text = None
     if step.startswith("echo "):
         echoed, step = step.split(" | ", 1)
@@ -238,7 +260,9 @@ def test_the_wheel_runs_the_readme_outside_the_repository(storage, tmp_path):
              '"logits": list(out["logits"].shape), "present": list(out["present"].shape), '
              '"rows": [len(row) for row in rows]}))\n')
     plan = [("command", command, str(work)) for command in helps] + [("python", code + check, str(work))]
-    plan += [("command", command.replace("--reference_src gpt-2/src", f"--reference_src {shlex.quote(reference)}"),
+    port = free_port()
+    plan += [("command", command.replace("--reference_src gpt-2/src", f"--reference_src {shlex.quote(reference)}")
+              .replace("--port 8000", f"--port {port}"),
               str(side if command.startswith("tfgpt2 make-checkpoint ") else work)) for command in rest]
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     result = subprocess.run([str(python), "-c", IN_ONE_PROCESS, str(tmp_path / "plan.json")], cwd=work, env=env,

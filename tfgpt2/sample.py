@@ -45,16 +45,15 @@ def _value_at_key(logits, key, threshold):
 
 def top_k_logits(logits, k):
     """Keep each row's k largest logits (and any tied with the k-th); the rest become -1e10.
-    k=0 keeps everything. k may be a tensor."""
+    k=0 keeps everything. k may be a tensor, one for all rows or one per row [batch]."""
     def _top_k():
         key = _order_key(logits)
         count = lambda t: tf.reduce_sum(tf.cast(key >= t[:, None], tf.int32), axis=-1)  # noqa: E731
         kth = _bisect(tf.reduce_min(key, -1), tf.reduce_max(key, -1), lambda t: count(t) >= k)
-        min_values = tf.cond(tf.equal(k, 1), lambda: tf.reduce_max(logits, -1),
-                             lambda: _value_at_key(logits, key, kth))
-        return tf.where(logits < min_values[:, None], tf.cast(FILTERED, logits.dtype), logits)
+        min_values = tf.where(tf.equal(k, 1), tf.reduce_max(logits, -1), _value_at_key(logits, key, kth))
+        return _filtered(logits, tf.where(tf.equal(k, 0), -np.inf, min_values))
     k = tf.minimum(tf.cast(k, tf.int32), tf.shape(logits)[-1])
-    return tf.cond(tf.equal(k, 0), lambda: logits, _top_k)
+    return tf.cond(tf.reduce_all(tf.equal(k, 0)), lambda: logits, _top_k)
 
 
 def top_p_logits(logits, p):
@@ -62,8 +61,11 @@ def top_p_logits(logits, p):
     cumulative probability is <= p, and always at least the most likely one.
 
     Unlike the original (whose `min_values` lacks a trailing axis, so it fails for any batch
-    > 1, even at p=1), this works for any batch. p >= 1 keeps everything.
+    > 1, even at p=1), this works for any batch. p >= 1 keeps everything. p may be a tensor,
+    one for all rows or one per row [batch].
     """
+    p = tf.cast(p, tf.float32)
+
     def _top_p():
         probs = tf.nn.softmax(logits, axis=-1)
         key = _order_key(logits)
@@ -71,9 +73,13 @@ def top_p_logits(logits, p):
         top = tf.reduce_max(key, -1)
         # the smallest threshold whose mass is <= p, but never above the most likely token
         threshold = tf.minimum(_bisect(tf.reduce_min(key, -1), top, lambda t: mass(t) > p) + 1, top)
-        min_values = _value_at_key(logits, key, threshold)
-        return tf.where(logits < min_values[:, None], tf.cast(FILTERED, logits.dtype), logits)
-    return tf.cond(tf.cast(p, tf.float32) < 1, _top_p, lambda: logits)
+        return _filtered(logits, tf.where(p < 1, _value_at_key(logits, key, threshold), -np.inf))
+    return tf.cond(tf.reduce_any(p < 1), _top_p, lambda: logits)
+
+
+def _filtered(logits, min_values):
+    """The logits below each row's min_values [batch] set to -1e10 (FILTERED)."""
+    return tf.where(logits < tf.cast(min_values, logits.dtype)[:, None], tf.cast(FILTERED, logits.dtype), logits)
 
 
 def min_p_logits(logits, min_p):
@@ -86,19 +92,28 @@ def min_p_logits(logits, min_p):
 
 @tf.function(jit_compile=True)
 def _uniform(n, seed):
-    """n stateless uniforms for `seed` (a pair), always computed by XLA: TensorFlow's own
-    kernel draws other numbers for the same seed, and generation should not depend on XLA."""
+    """n stateless uniforms for `seed`, always computed by XLA: TensorFlow's own kernel draws
+    other numbers for the same seed, and generation should not depend on XLA. `seed` is a pair
+    (n numbers of its stream) or one pair per row [n, 2] (the first number of each row's own
+    stream: what the row draws when it is generated alone)."""
+    seed = tf.convert_to_tensor(seed)
+    if seed.shape.rank == 2:
+        return tf.map_fn(lambda s: tf.random.stateless_uniform([1], seed=s, alg="philox")[0], seed,
+                         fn_output_signature=tf.float32)
     return tf.random.stateless_uniform([n], seed=seed, alg="philox")
 
 
 def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True), min_p=None):
     """One token per row: greedy at temperature 0, else drawn from softmax(logits / T) after
     top-k, top-p, then min-p (`min_p` [batch], None for none), by inverse CDF with a stateless
-    uniform (`seed` is a pair). `filters` (Python bools: top-k, top-p) leaves a filter out of
-    the graph where the request cannot use it (top_k 0, top_p 1), as the original's
-    `top_k_logits` returns at once for k=0."""
+    uniform (`_uniform`: `seed` a pair, or a pair per row). `temperature`, `top_k` and `top_p`
+    are one for all rows or one per row [batch]. `filters` (Python bools: top-k, top-p) leaves
+    a filter out of the graph where the request cannot use it (top_k 0, top_p 1), as the
+    original's `top_k_logits` returns at once for k=0."""
+    drawn = temperature > 0
+
     def draw():
-        filtered = logits / temperature
+        filtered = logits / tf.where(drawn, temperature, 1.0)[..., None]
         if filters[0]:
             filtered = top_k_logits(filtered, top_k)
         if filters[1]:
@@ -109,8 +124,11 @@ def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True), min
         cdf = tf.cumsum(weights, axis=-1)
         u = _uniform(tf.shape(cdf)[0], seed) * cdf[:, -1]
         token = tf.reduce_sum(tf.cast(cdf <= u[:, None], tf.int32), axis=-1)
-        return tf.minimum(token, tf.shape(logits)[-1] - 1)
-    return tf.cond(temperature > 0, draw, lambda: tf.argmax(logits, axis=-1, output_type=tf.int32))
+        return tf.where(drawn, tf.minimum(token, tf.shape(logits)[-1] - 1), greedy())
+
+    def greedy():
+        return tf.argmax(logits, axis=-1, output_type=tf.int32)
+    return tf.cond(tf.reduce_any(drawn), draw, greedy)
 
 
 # ---- the library's entry points ---------------------------------------------------------

@@ -22,6 +22,7 @@ COMMANDS = {
     "convert": "convert weights between OpenAI's, Hugging Face's and KerasHub's layouts",
     "compare": "run OpenAI's original code beside tfgpt2 and show where they differ",
     "params": "parameter counts, part by part",
+    "serve": "an OpenAI-compatible completions server with continuous batching (/v1/completions)",
 }
 
 
@@ -30,12 +31,12 @@ def module_name(command):
 
 
 class _ExpectedRetracing(logging.Filter):
-    """Drops TensorFlow's "triggered tf.function retracing" warning for the generation loop,
-    which compiles once per length bucket by design."""
+    """Drops TensorFlow's "triggered tf.function retracing" warning for the generation loop and
+    the server's slots, which compile once per length bucket by design."""
 
     def filter(self, record):
         message = record.getMessage()
-        return not ("retracing" in message and "Generator." in message)
+        return not ("retracing" in message and ("Generator." in message or "Slots." in message))
 
 
 def quiet():

@@ -2,9 +2,11 @@
 
 `model.py`'s `GPT2.call(X, past)` concatenates `past`, so every step has new shapes. Here each
 layer's keys and values live in a buffer [batch * n_head, T_max, head_dim] that each step writes
-at an index (in place inside an XLA loop), with left padding per row. The layers, the mask and
-the softmax are the model's own; only the order of the calls is written again. `layouts`
-(`layouts.py`) change how the block weights are multiplied, never the numbers.
+at an index (in place inside an XLA loop), with left padding per row (`call_with_cache`), or
+each row at a position of its own, in the rows of its slot (`call_with_slots`, the server's
+continuous batch). The layers, the mask and the softmax are the model's own; only the order of
+the calls is written again. `layouts` (`layouts.py`) change how the block weights are
+multiplied, never the numbers.
 """
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
@@ -30,32 +32,66 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
 
     Returns the logits of the last position [batch, n_vocab] (all that generation needs) and the
     updated cache. Inputs are not checked here: `plan.check_request` checks them before XLA."""
-    sequence = shape_list(X)[1]
+    mask = attention_mask(shape_list(X)[1], shape_list(cache[0][0])[1], dtype=model.compute_dtype,
+                          offset=cache_index, pad=pad)
+
+    def write(old, new):
+        stored = write_cache(old, new, cache_index)
+        return stored, stored
+    return through_blocks(model, X, positions_for(X, cache_index, pad), mask, cache, write, layouts, table)
+
+
+def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None):
+    """X [rows, T] through the blocks over a cache of slots (`empty_cache` of one row per slot):
+    row r's tokens sit at positions start[r], start[r] + 1, ... of its slot (row r's own, or
+    slot[r] with `slot` [rows]), their keys and values written there, and attend to the slot's
+    first `window` positions (a Python int) up to their own. A slot's keys past the position
+    being written are never read, so a slot is reused without clearing it.
+
+    Returns the logits of the last position [rows, n_vocab] and the updated cache. Positions
+    past the cache are not written (XLA drops such updates) and are not checked here."""
+    hp = model.hparams
+    positions = start[:, None] + tf.range(shape_list(X)[1])
+    mask = tf.cast(positions[:, :, None] >= tf.range(window), model.compute_dtype)  # [rows, T, window]
+    rows = tf.range(shape_list(X)[0]) if slot is None else slot
+    rows = tf.reshape(rows[:, None] * hp.n_head + tf.range(hp.n_head), [-1])  # the cache rows of each head
+
+    def write(old, new):  # new [rows * heads, T, head_dim]
+        where = tf.stack([tf.repeat(rows, shape_list(new)[1]),
+                          tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])], axis=1)
+        stored = tf.tensor_scatter_nd_update(old, where, tf.reshape(new, [-1, shape_list(new)[2]]))
+        return stored, (stored if slot is None else tf.gather(stored, rows))[:, :window]
+    return through_blocks(model, X, positions, mask, cache, write, layouts)
+
+
+def through_blocks(model, X, positions, mask, cache, write, layouts, table=None):
+    """The embeddings of X at `positions`, the blocks over `cache` (`write(old, new)` stores a
+    layer's new keys or values and gives (the stored cache, what attention reads)), then the
+    logits of the last position: ([batch, n_vocab], the updated cache)."""
     embed, logits = table or ((lambda X: tf.gather(model.as_compute(model.wte), X)), model.lm_logits)
-    positions = positions_for(X, cache_index, pad)
     h = embed(X) + tf.gather(model.as_compute(model.wpe), positions)
-    mask = attention_mask(sequence, shape_list(cache[0][0])[1], dtype=h.dtype, offset=cache_index, pad=pad)
     new_cache = []
     for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
-        h, layer_cache = block_with_cache(block, h, mask, layer_cache, cache_index, layout)
+        h, layer_cache = block_with_cache(block, h, mask, layer_cache, write, layout)
         new_cache.append(layer_cache)
     return logits(h[:, -1:])[:, 0], new_cache
 
 
-def block_with_cache(block, x, mask, cache, cache_index, layout):
-    """`Block.call` over the cache: (x after the block, the updated (keys, values)). Named as
-    the layers (`h0/attn/...`), for profiles."""
+def block_with_cache(block, x, mask, cache, write, layout):
+    """`Block.call` over the cache, its keys and values stored by `write` (`through_blocks`): (x
+    after the block, the updated (keys, values)). Named as the layers (`h0/attn/...`), for
+    profiles."""
     attn, mlp = block.attn, block.mlp
     with tf.name_scope(block.name), tf.name_scope(attn.name):
         c = project(attn.c_attn, block.ln_1(x), layout[0])
         q, k, v = map(attn.split_heads, tf.split(c, 3, axis=2))
-        cache = tuple(write_cache(old, tf.reshape(new, [-1] + shape_list(new)[2:]), cache_index)
-                      for old, new in zip(cache, (k, v)))
-        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, *cache, mask)), layout[1])
+        (k_cache, k_read), (v_cache, v_read) = (write(old, tf.reshape(new, [-1] + shape_list(new)[2:]))
+                                                for old, new in zip(cache, (k, v)))
+        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, k_read, v_read, mask)), layout[1])
     x = x + a
     with tf.name_scope(block.name), tf.name_scope(mlp.name):
         m = project(mlp.c_proj, gelu(project(mlp.c_fc, block.ln_2(x), layout[2])), layout[3])
-    return x + m, cache
+    return x + m, (k_cache, v_cache)
 
 
 def project(conv, x, layout):

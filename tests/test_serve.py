@@ -1,0 +1,399 @@
+"""`tfgpt2 serve` (`tfgpt2.serve`) driven with the official `openai` client: one server for the
+module, a child process on the tiny model (n_ctx 64) with 4 slots, whose answers are held to
+`tfgpt2.generate` on each prompt alone (in this process), the text streams to the one-shot
+decoding of their tokens, and log-probabilities to NumPy's over the model's logits. The last
+test drains the server with SIGTERM. `TextStream` is checked alone first (no TensorFlow)."""
+import concurrent.futures
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import ROOT
+from tfgpt2.encoder import default_encoder
+from tfgpt2.serve.text import TextStream, token_text
+
+SLOTS, QUEUE = 4, 12  # 16 completions at once: 4 running, 12 waiting
+NEW = 12  # new tokens: with prompts of <= 16 tokens, one compiled program here and one window there
+ENCODER = default_encoder()
+MULTIBYTE = ENCODER.encode("東京🙂 é ☃")  # byte-level tokens: most pairs of them are no whole character
+PROMPTS = ["Every effort moves you", "naïve café, 東京 🙂 — déjà vu", "Ünïcödé ☃ snowman", "The quick brown fox",
+           "Hello, world!", "Once upon a time", "1 2 3 4 5", "¿Qué tal?", "Ελληνικά", "日本語のテキスト", "def main():",
+           "<|endoftext|>Hi", "A b", "It was the best of times", "Καλημέρα", "emoji 🎉🎉"]  # 2 to 16 tokens each
+
+
+# ---- TextStream alone -------------------------------------------------------------------------
+
+def pieces_of(stream, tokens, cuts):
+    """The text a stream releases for `tokens` fed in groups ending at `cuts`, and the stop."""
+    out, stopped, start = [], False, 0
+    for end in list(cuts) + [len(tokens)]:
+        text, _, stopped = stream.feed(tokens[start:end])
+        out.append(text)
+        start = end
+        if stopped:
+            break
+    out.append(stream.finish()[0])
+    return out, stopped
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_text_stream_joins_to_the_whole_decoding(seed):
+    """Tokens of partial characters (and invalid bytes) fed in any grouping: no piece ends in
+    the middle of a character, and the pieces join to the one-shot decoding of every token."""
+    rng = random.Random(seed)
+    tokens = [rng.choice(MULTIBYTE + ENCODER.encode(" a b")) for _ in range(rng.randint(1, 30))]
+    cuts = sorted(rng.sample(range(len(tokens)), rng.randint(0, len(tokens) - 1)))
+    pieces, stopped = pieces_of(TextStream(ENCODER.encoding.decode_single_token_bytes), tokens, cuts)
+    assert "".join(pieces) == ENCODER.decode(tokens) and not stopped
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_text_stream_cuts_at_the_first_stop_string_and_never_streams_it(seed):
+    """OpenAI's rule on the text: it ends before the first stop string (anywhere, also across
+    tokens and pieces); no piece ever holds a part of it."""
+    rng = random.Random(seed)
+    words = ENCODER.encode(" the cat sat on the mat, the end")
+    tokens = [rng.choice(words) for _ in range(25)]
+    whole = ENCODER.decode(tokens)
+    stops = rng.sample(["the end", " mat,", "at", "t t", "zzz", "cat sat"], 2)
+    cuts = sorted(rng.sample(range(len(tokens)), rng.randint(0, 10)))
+    pieces, stopped = pieces_of(TextStream(ENCODER.encoding.decode_single_token_bytes, stops), tokens, cuts)
+    found = [i for i in (whole.find(s) for s in stops) if i >= 0]
+    assert "".join(pieces) == (whole[:min(found)] if found else whole)
+    assert stopped == bool(found)
+
+
+def test_text_stream_releases_log_probability_entries_with_their_text():
+    """Each token's entry comes with the text it starts in, offsets counted after an echoed
+    prompt; tokens cut off by a stop string have none."""
+    tokens = ENCODER.encode(" one two three four")
+    stream = TextStream(ENCODER.encoding.decode_single_token_bytes, [" three"], offset=5)
+    entries = [{"token": ENCODER.decode([t])} for t in tokens]
+    text, released, stopped = stream.feed(tokens, entries)
+    assert (text, stopped) == (" one two", True)
+    assert [(e["token"], e["offset"]) for e in released] == [(" one", 5), (" two", 9)]
+    assert token_text(b"\xe6\x9d") == "bytes:\\xe6\\x9d" and token_text(b" a") == " a"
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    """`tfgpt2 serve` on the tiny model in a child process: (base URL, process)."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    log = open(tmp_path_factory.mktemp("serve") / "stderr", "w+")
+    child = subprocess.Popen([sys.executable, "-m", "tfgpt2.cli.main", "serve", "--model_dir", tiny_dir, "--port",
+                              str(port), "--max_batch", str(SLOTS), "--max_queue", str(QUEUE), "--prefill_chunk",
+                              "16", "--quiet"], cwd=ROOT, env=env, stderr=log, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    if child.poll() is not None:
+        log.seek(0)
+        pytest.fail(f"the server exited with {child.returncode}: {log.read()[-3000:]}")
+    yield url, child
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+    log.seek(0)
+    sys.stderr.write(log.read()[-5000:])
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    from tfgpt2.formats.checkpoint import load_model
+    return load_model(tiny_dir)
+
+
+def alone(model, prompt, length=NEW, **kwargs):
+    """`tfgpt2.generate` on the prompt alone, as the server's text (<|endoftext|> ends it, unshown)."""
+    from tfgpt2.sample import generate
+    ids = ENCODER.encode(prompt, allowed_special="all") if isinstance(prompt, str) else prompt
+    new = generate(model, [ids], length, stop_at_eot=True, **kwargs)[0][len(ids):].tolist()
+    return ENCODER.decode(new[:-1] if new and new[-1] == ENCODER.eot_token else new)
+
+
+def streamed(client, **request):
+    """A streamed completion's chunks: (each choice's joined text, finish reasons, the chunks)."""
+    chunks = list(client.completions.create(model="tiny", stream=True, **request))
+    texts, reasons = {}, {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            reasons[c.index] = c.finish_reason or reasons.get(c.index)
+    return texts, reasons, chunks
+
+
+@pytest.mark.slow
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(server[0] + "/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_greedy_completions_plain_and_streamed_are_generate_alone(client, tiny):
+    """At temperature 0 each choice is `tfgpt2.generate`'s text for its prompt alone, multi-byte
+    characters split across tokens included (`logit_bias` makes the model write byte tokens),
+    and a streamed completion's chunks join to the same text."""
+    bias = {str(t): 100 for t in MULTIBYTE}
+    for prompt, extra in [(PROMPTS[0], {}), (PROMPTS[1], {}), (PROMPTS[2], dict(logit_bias=bias))]:
+        expected = alone(tiny, prompt, temperature=0, logit_bias={int(t): v for t, v in extra.get("logit_bias",
+                                                                                               {}).items()})
+        plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=NEW, temperature=0, **extra)
+        texts, reasons, chunks = streamed(client, prompt=prompt, max_tokens=NEW, temperature=0, **extra)
+        assert plain.choices[0].text == texts[0] == expected, prompt
+        assert len(chunks) > 2 and plain.choices[0].finish_reason == reasons[0]
+        assert plain.usage.prompt_tokens == len(ENCODER.encode(prompt, allowed_special="all"))
+    # the bytes of characters came in several tokens, whole (and where no character, as U+FFFD)
+    assert "\ufffd" in expected and any(len(c.encode()) > 1 and c != "\ufffd" for c in expected)
+
+
+@pytest.mark.slow
+def test_a_list_of_prompts_n_choices_and_echo(client, tiny):
+    """Prompts as a list of strings and as token ids, n=2 choices each (greedy: equal), echo."""
+    ids = ENCODER.encode(PROMPTS[3])
+    out = client.completions.create(model="tiny", prompt=[PROMPTS[4], PROMPTS[5]], n=2, max_tokens=NEW,
+                                    temperature=0)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert [c.text for c in out.choices] == [alone(tiny, PROMPTS[4], temperature=0)] * 2 + [
+        alone(tiny, PROMPTS[5], temperature=0)] * 2
+    echoed = client.completions.create(model="tiny", prompt=[ids], max_tokens=NEW, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPTS[3] + alone(tiny, ids, temperature=0)
+    assert out.usage.completion_tokens == 4 * NEW or any(c.finish_reason == "stop" for c in out.choices)
+
+
+@pytest.mark.slow
+def test_sixteen_concurrent_clients_each_get_their_answer_alone(client, tiny):
+    """16 clients at once over 4 slots (the rest queued, prefilled between steps): each greedy
+    answer is its prompt's alone, and each seeded one is `tfgpt2.generate`'s with that seed."""
+    def ask(n):
+        sampled = n % 2
+        return client.completions.create(model="tiny", prompt=PROMPTS[n], max_tokens=NEW, temperature=sampled,
+                                         seed=100 + n).choices[0].text
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(16)))
+    expected = [alone(tiny, p, temperature=n % 2, seed=100 + n) for n, p in enumerate(PROMPTS)]
+    assert answers == expected
+
+
+@pytest.mark.slow
+def test_a_seeded_request_repeats_whatever_runs_beside_it(client):
+    """The same seeded request alone and beside others with other controls (top-k, top-p,
+    min-p, penalties, a bias, other seeds) gives the same text; another seed another text."""
+    request = dict(model="tiny", prompt=PROMPTS[0], max_tokens=NEW, temperature=1.0, top_p=0.9, seed=7,
+                   extra_body=dict(top_k=50))
+    first = client.completions.create(**request).choices[0].text
+    others = [dict(temperature=0.7, seed=1, extra_body=dict(top_k=5)),
+              dict(temperature=1.3, presence_penalty=0.5, extra_body=dict(min_p=0.05)),
+              dict(temperature=1.0, frequency_penalty=0.4, logit_bias={"11": 100},
+                   extra_body=dict(repetition_penalty=1.3))]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        beside = [pool.submit(client.completions.create, model="tiny", prompt=PROMPTS[n + 1], max_tokens=NEW, **o)
+                  for n, o in enumerate(others)]
+        again = pool.submit(client.completions.create, **request).result().choices[0].text
+        assert all(f.result().choices[0].text for f in beside)
+    assert again == first
+    assert client.completions.create(**dict(request, seed=8)).choices[0].text != first
+    assert ENCODER.decode([11]) in "".join(f.result().choices[0].text for f in beside[2:])
+
+
+@pytest.mark.slow
+def test_stop_strings_end_the_text_streamed_or_not(client, tiny):
+    """A stop string taken from the middle of the greedy text (across tokens): the text ends
+    before it, finish_reason "stop", and the streamed chunks join to the same."""
+    whole = alone(tiny, PROMPTS[0], temperature=0)
+    stop = whole[len(whole) // 3:len(whole) // 3 + 4]
+    plain = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=NEW, temperature=0,
+                                      stop=["\u2603\u2603", stop])
+    texts, reasons, _ = streamed(client, prompt=PROMPTS[0], max_tokens=NEW, temperature=0, stop=stop)
+    assert plain.choices[0].text == texts[0] == whole[:whole.find(stop)]
+    assert plain.choices[0].finish_reason == reasons[0] == "stop"
+
+
+@pytest.mark.slow
+def test_logprobs_are_the_models(client, tiny):
+    """logprobs=3: each sampled token's log-probability and the 3 most likely, against a log
+    softmax in NumPy of the model's logits over the prompt and the tokens (`generate`'s, with
+    the same seed); streamed, the same entries."""
+    from tfgpt2.sample import generate
+    prompt = ENCODER.encode(PROMPTS[0])
+    ids = generate(tiny, [prompt], NEW, temperature=1.0, seed=3, stop_at_eot=True)[0].tolist()
+    out = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=NEW, temperature=1.0, seed=3,
+                                    logprobs=3)
+    lp = out.choices[0].logprobs
+    new = [t for t in ids[len(prompt):] if t != ENCODER.eot_token]
+    word = ENCODER.encoding.decode_single_token_bytes
+    assert lp.tokens == [token_text(word(t)) for t in new] and lp.text_offset[0] == 0
+    logits = tiny(np.array([ids[:-1]]))["logits"].numpy()[0].astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    for j, token in enumerate(new):
+        row = logp[len(prompt) - 1 + j]
+        best = np.argsort(-row)[:3]
+        assert list(lp.top_logprobs[j]) == [token_text(word(b)) for b in best]
+        np.testing.assert_allclose([lp.token_logprobs[j], *lp.top_logprobs[j].values()], [row[token], *row[best]],
+                                   atol=1e-4)
+    _, _, chunks = streamed(client, prompt=PROMPTS[0], max_tokens=NEW, temperature=1.0, seed=3, logprobs=3)
+    assert sum((c.choices[0].logprobs.tokens for c in chunks if c.choices), []) == lp.tokens
+
+
+OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
+                 "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "best_of"}
+BAD = [  # (request fields, status, the message's words)
+    (dict(model="nope"), 404, "`nope` does not exist"),
+    (dict(max_token=5), 400, "unknown field 'max_token'"),
+    (dict(prompt=[50257]), 400, r"token ids must be in \[0, n_vocab=50257\); got \[50257\]"),
+    (dict(prompt=[[1, 2], [-1]]), 400, r"token ids must be in \[0, n_vocab=50257\); got \[-1\]"),
+    (dict(prompt=[1] * 60, max_tokens=10), 400, r"prompt tokens \+ length \(max_new_tokens\) - 1 must be <= n_ctx=64"),
+    (dict(prompt=""), 400, "every prompt needs at least one token"),
+    (dict(prompt=[1.5]), 400, "must be a string or a list of token ids"),
+    (dict(max_tokens=0), 400, r"length \(max_new_tokens\) must be >= 1"),
+    (dict(max_tokens="ten"), 400, "max_tokens must be an integer"),
+    (dict(temperature=-1), 400, "temperature must be a finite number >= 0"),
+    (dict(top_p=1.5), 400, r"top_p must be in \[0, 1\]"),
+    (dict(top_k=-1), 400, "top_k must be >= 0"),
+    (dict(min_p=2), 400, r"min_p must be in \[0, 1\]"),
+    (dict(presence_penalty=-1), 400, "presence_penalty must be a finite number >= 0"),
+    (dict(repetition_penalty=0), 400, "repetition_penalty must be a finite number > 0"),
+    (dict(logit_bias={"x": 1}), 400, "logit_bias keys must be token ids"),
+    (dict(logit_bias={"50257": 1}), 400, r"logit_bias token id must be in \[0, 50257\)"),
+    (dict(logprobs=6), 400, r"logprobs must be in \[0, 6\)"),
+    (dict(stop=["a", "b", "c", "d", "e"]), 400, "at most 4"),
+    (dict(n=0), 400, "n must be >= 1"),
+    (dict(n=17), 400, "at most 16"),
+    (dict(seed=-1), 400, r"seed must be in \[0, 9223372036854775808\)"),
+    (dict(echo="yes"), 400, "echo must be true or false"),
+    (dict(stream_options={"include_usage": True}), 400, "only allowed with stream"),
+    (dict(context_keep=64), 400, r"context_keep must be in \[1, 64\)"),
+    (dict(best_of=3), 400, "not supported"),
+]
+
+
+@pytest.mark.slow
+def test_bad_requests_get_their_status_and_the_server_serves_on(server, client):
+    """Each bad request is answered with OpenAI's error object, its status and the generation
+    rule's message (NaN and a body that is no JSON sent raw); the server still answers after."""
+    for fields, status, words in BAD:
+        known = {k: v for k, v in fields.items() if k in OPENAI_FIELDS}
+        request = dict(dict(model="tiny", prompt="Hi", max_tokens=4), **known)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.completions.create(**request, extra_body={k: v for k, v in fields.items() if k not in known})
+        assert caught.value.status_code == status and re.search(words, caught.value.message), (fields, caught.value)
+    for body in ('{"model": "tiny", "prompt": "Hi", "temperature": NaN}', '{"model": "tiny", "prompt": '):
+        answer = httpx.post(server[0] + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
+        assert re.search("temperature must be a finite number >= 0; got nan|not valid JSON",
+                         answer.json()["error"]["message"])
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4, temperature=0).choices[0].text
+
+
+@pytest.mark.slow
+def test_a_full_queue_answers_429_with_retry_after(server, client):
+    """With every slot and queue place taken (n=16), the next request gets 429 and Retry-After."""
+    with httpx.stream("POST", server[0] + "/v1/completions", json=BUSY, timeout=120) as busy:
+        lines = busy.iter_lines()
+        next(lines)
+        refused = httpx.post(server[0] + "/v1/completions", json=dict(model="tiny", prompt="Hi", max_tokens=2))
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert sum(1 for line in lines if line.startswith("data: {")) >= 15
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices[0].text is not None
+
+
+def metric(url, name):
+    """A figure of the server's /metrics."""
+    return float(re.search("^" + name + r" (\S+)$", httpx.get(url + "/metrics").text, re.M).group(1))
+
+
+def token_ids(logprobs):
+    """The token ids of a choice's logprobs.tokens (texts, or "bytes:\\xNN..." where no text)."""
+    return [ENCODER.encoding.encode_single_token(
+        bytes.fromhex(t[6:].replace("\\x", "")) if t.startswith("bytes:") else t.encode()) for t in logprobs.tokens]
+
+
+@pytest.mark.slow
+def test_past_n_ctx_with_context_keep_slides(client):
+    """A request past n_ctx with context_keep (greedy) is the window's completion (n_ctx + 1 -
+    prompt tokens), then the completion of its last context_keep tokens, as `generate` slides."""
+    prompt, keep = ENCODER.encode(PROMPTS[0]), 32
+    ask = dict(model="tiny", temperature=0, logprobs=0, logit_bias={str(ENCODER.eot_token): -100})
+    first = token_ids(client.completions.create(prompt=prompt, max_tokens=65 - len(prompt), **ask).choices[0].logprobs)
+    rest = token_ids(client.completions.create(prompt=(prompt + first)[-keep:], max_tokens=80 - len(first),
+                                               **ask).choices[0].logprobs)
+    slid = client.completions.create(prompt=prompt, max_tokens=80, extra_body=dict(context_keep=keep), **ask)
+    assert token_ids(slid.choices[0].logprobs) == first + rest and slid.usage.completion_tokens == 80
+
+
+BUSY = dict(model="tiny", prompt=[1], n=16, max_tokens=31, stream=True, logit_bias={str(ENCODER.eot_token): -100})
+
+
+@pytest.mark.slow
+def test_a_client_that_disconnects_frees_its_slots(server, client):
+    """A streamed request for 16 completions (4 run, 12 wait) whose client leaves after its
+    first chunk: its slots and queue places free at once, long before its 16 x 31 tokens."""
+    url = server[0]
+    before = metric(url, "tfgpt2_generation_tokens_total")
+    with httpx.stream("POST", url + "/v1/completions", json=BUSY, timeout=120) as stream:
+        lines = stream.iter_lines()
+        next(lines)
+        assert metric(url, "tfgpt2_running") == SLOTS and metric(url, "tfgpt2_queue_depth") == 16 - SLOTS
+    deadline = time.monotonic() + 10
+    while (metric(url, "tfgpt2_running") or metric(url, "tfgpt2_queue_depth")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert metric(url, "tfgpt2_running") == metric(url, "tfgpt2_queue_depth") == 0
+    assert metric(url, "tfgpt2_generation_tokens_total") - before < 16 * 31 / 2
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4).usage.completion_tokens >= 1
+    metrics = httpx.get(url + "/metrics").text
+    for name in ('tfgpt2_requests_total{status="200"}', 'tfgpt2_requests_total{status="499"}',
+                 'tfgpt2_requests_total{status="400"}', "tfgpt2_time_to_first_token_seconds_count",
+                 "tfgpt2_prompt_tokens_total", "tfgpt2_batch_occupancy"):
+        assert re.search("^" + re.escape(name) + " [0-9]", metrics, re.M), name
+
+
+@pytest.mark.slow
+def test_sigterm_drains_then_exits_0(server, client):
+    """SIGTERM: the running request finishes whole, new requests and /health get 503, then the
+    process exits with status 0. (The module's last test: it ends the server.)"""
+    url, child = server
+    with httpx.stream("POST", url + "/v1/completions", json=dict(BUSY, stream_options={"include_usage": True}),
+                      timeout=120) as stream:
+        lines = stream.iter_lines()
+        first = next(lines)
+        child.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+        assert refused.value.status_code == 503 and httpx.get(url + "/health").status_code == 503
+        events = [first] + [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 16 * 31
+    assert child.wait(timeout=60) == 0

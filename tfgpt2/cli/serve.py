@@ -1,0 +1,62 @@
+"""Serve a model over HTTP with OpenAI's completions API, batching requests continuously
+(docs/serving.md):
+
+    tfgpt2 serve --model_name 124M
+    tfgpt2 serve --model_dir checkpoint/run1 --host 0.0.0.0 --port 8000 --max_batch 32
+    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "124M", "prompt": "Every effort moves you", "max_tokens": 20, "temperature": 0}'
+
+Endpoints: GET /v1/models, POST /v1/completions (stream: true for server-sent events),
+GET /health, GET /metrics (Prometheus). The model's id is its folder's name. SIGTERM or Ctrl-C
+drains: running requests finish, new ones get 503, then the server exits (a second signal
+exits at once). Needs the serve extra: pip install 'tfgpt2[serve]'.
+"""
+import argparse
+import os
+import sys
+
+from .args import Parser, ranged
+from .common import DTYPES, add_model_flags, add_quiet, encoder_of, model_dir, parse
+
+
+def main(argv=None, prog="tfgpt2 serve"):
+    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_flags(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; "
+                        "0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=ranged(int, 0, 65535), default=8000, help="the port (default 8000)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
+    parser.add_argument("--max_batch", type=ranged(int, 1), default=16,
+                        help="slots: completions generated at once, each step (default 16)")
+    parser.add_argument("--max_queue", type=ranged(int, 0), default=256,
+                        help="completions that may wait for a slot; past that a request gets 429 (default 256)")
+    parser.add_argument("--prefill_chunk", type=ranged(int, 16), default=64, metavar="TOKENS",
+                        help="prompts are read this many tokens at a time, one chunk between decode steps "
+                             "(a power of two; default 64)")
+    parser.add_argument("--decode_steps", type=ranged(int, 1), default=1, metavar="STEPS",
+                        help="tokens per decode call while no prompt waits: more cost the host less per "
+                             "token (on a GPU, 8), fewer let new requests in sooner (default 1)")
+    parser.add_argument("--served_model_name", metavar="NAME",
+                        help="the model's id in the API (default: the model folder's name)")
+    add_quiet(parser)
+    args, progress = parse(parser, argv)
+    if args.prefill_chunk & (args.prefill_chunk - 1):
+        parser.error(f"argument --prefill_chunk: must be a power of two, got {args.prefill_chunk}")
+    try:
+        from ..serve.app import serve
+    except ImportError as e:
+        sys.exit(f"error: {e.name} is missing: tfgpt2 serve needs pip install 'tfgpt2[serve]'")
+    from ..formats.checkpoint import load_model
+    try:
+        folder = model_dir(args)
+        progress.note(f"loading {folder} ({args.dtype})")
+        model, encoder = load_model(folder, dtype=args.dtype), encoder_of(folder)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    name = args.served_model_name or os.path.basename(os.path.normpath(folder))
+    serve(model, encoder, model_name=name, host=args.host, port=args.port, max_batch=args.max_batch,
+          max_queue=args.max_queue, chunk=args.prefill_chunk, steps=args.decode_steps,
+          ready=lambda: progress.note(f"serving {name} on http://{args.host}:{args.port}/v1 "
+                                      f"({args.max_batch} slots)"))
+    return 0

@@ -1,0 +1,139 @@
+"""The compiled programs of continuous batching: `max_batch` slots over one key/value cache,
+each holding a sequence at a position of its own, with its own controls and random stream.
+
+The cache, the logit bias and the penalties' counts live in variables that the programs update
+in place (XLA aliases a variable's buffer with its update), so a step reads only what it needs:
+the weights and, per slot, the first `window` positions of the cache. Three programs, each
+compiled once per shape bucket, never per request:
+
+- `admit(slot, prompt, pad, bias)`: a sequence takes a slot: its bias row, zero counts and, for
+  the repetition penalty, the tokens of its prompt (`controls.start_state`);
+- `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache;
+- `decode(...)`: up to `steps` new tokens for every slot, each fed at its own position, the
+  logits adjusted (`controls.adjusted`), then picked by `choose` with its row's temperature,
+  top-k, top-p, min-p and seed, the k-th draw of a sequence from (seed, k) as `tfgpt2.generate`
+  draws it, so that a sequence's tokens never depend on what shares the batch.
+
+A host (`tfgpt2.serve.scheduler`) decides what runs; nothing here checks its inputs.
+"""
+import tensorflow as tf
+
+from . import controls as control
+from . import layouts
+from .cache import call_with_slots, empty_cache
+
+TOP_LOGPROBS = 5  # the most likely tokens `decode` reports per step (OpenAI's limit for completions)
+
+
+class Slots:
+    """The programs and the state of `max_batch` slots for `model`. `choose` is
+    `tfgpt2.sample.choose`; `chunk` the longest prefill chunk (the cache holds n_ctx + chunk
+    positions, so that a chunk's padding never wraps); `steps` the most tokens one `decode`
+    call makes. `traces` counts the compiles."""
+
+    def __init__(self, model, choose, *, max_batch, chunk, steps):
+        hp = model.hparams
+        self.model, self.choose, self.max_batch, self.steps = model, choose, max_batch, steps
+        self.length = hp.n_ctx + chunk
+        self.cache = [tuple(tf.Variable(t, trainable=False) for t in layer)
+                      for layer in empty_cache(model, max_batch, self.length)]
+        self.bias = tf.Variable(tf.zeros([max_batch, hp.n_vocab]), trainable=False)
+        self.counts = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.int32), trainable=False)
+        self.seen = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.bool), trainable=False)
+        # on a CPU, the block weights copied as [nf, nx] multiply a few rows on every core (`layouts`)
+        self.layouts = (layouts.transposed(model) if layouts.on_cpu() and layouts.usable(model) else None)
+        self.traces = 0
+        self.admit, self.prefill, self.decode = (
+            tf.function(self._counted(f), jit_compile=True, autograph=False)
+            for f in (self._admit, self._prefill, self._decode))
+
+    def _counted(self, f):
+        def traced(*args, **kwargs):
+            self.traces += 1
+            return f(*args, **kwargs)
+        return traced
+
+    def _admit(self, slot, prompt, pad, bias):
+        """Slot `slot` for a sequence whose prompt is `prompt` [P] left-padded by `pad`: its
+        bias row `bias` [n_vocab], no tokens counted, its prompt's tokens seen."""
+        state = control.start_state({"repetition": None}, prompt[None], pad[None], self.model.hparams.n_vocab)
+        at = [[slot]]
+        self.bias.scatter_nd_update(at, bias[None])
+        self.counts.scatter_nd_update(at, state["counts"])
+        self.seen.scatter_nd_update(at, state["seen"])
+
+    def _prefill(self, tokens, slot, start, window):
+        """tokens [1, C] into slot `slot` at positions start, start + 1, ... (attending over
+        its first `window` positions)."""
+        self._store(call_with_slots(self.model, tokens, self._read(), start[None], window=window, slot=slot[None],
+                                    layouts=self.layouts)[1])
+
+    def _decode(self, token, position, budget, steps, eot, sampling, seed, drawn, logprobs, window):
+        """Up to `steps` new tokens per slot: `token` [B] fed at `position` [B], each new token
+        fed after it, while the slot has `budget` [B] tokens left and has not made `eot`.
+        `sampling` holds [B] temperature, top_k, top_p, min_p, repetition, presence, frequency;
+        draw k of a slot uses the pair (seed, drawn + k). `logprobs` [B]: rows that want the
+        log-probabilities (of the model's distribution, before the controls).
+
+        Returns tokens [B, steps], the count of each row's new tokens [B], and the log-probability
+        of each token [B, steps] with the TOP_LOGPROBS most likely ids and theirs [B, steps, N]
+        (zeros unless a row asked)."""
+        batch = self.max_batch
+        controls = dict(bias=self.bias.value(), repetition=sampling["repetition"], presence=sampling["presence"],
+                        frequency=sampling["frequency"])
+        zeros = tf.zeros([batch, self.steps], tf.float32)
+        start = dict(j=tf.constant(0), token=token, position=position, alive=budget > 0, count=tf.zeros_like(budget),
+                     cache=self._read(), counts=self.counts.value(), tokens=tf.zeros([batch, self.steps], tf.int32),
+                     logprob=zeros, top=(tf.zeros([batch, self.steps, TOP_LOGPROBS], tf.int32),
+                                         tf.zeros([batch, self.steps, TOP_LOGPROBS])))
+
+        def body(s):
+            at = tf.where(s["alive"], s["position"], self.length - 1)  # a stopped row writes past its window
+            logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
+                                            layouts=self.layouts)
+            new = self.choose(control.adjusted(logits, controls, dict(counts=s["counts"], seen=self.seen)),
+                              temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
+                              seed=tf.stack([seed, tf.cast(drawn + s["count"], tf.int64)], axis=1),
+                              min_p=sampling["min_p"])
+            column = tf.stack([tf.range(batch), tf.fill([batch], s["j"])], axis=1)
+            chosen, top = tf.cond(tf.reduce_any(logprobs), lambda: log_probabilities(logits, new),
+                                  lambda: (zeros[:, 0], tuple(t[:, 0] for t in start["top"])))
+            alive, count = s["alive"], s["count"] + tf.cast(s["alive"], tf.int32)
+            return (dict(j=s["j"] + 1, token=tf.where(alive, new, s["token"]),
+                         position=s["position"] + tf.cast(alive, tf.int32),
+                         alive=alive & (count < budget) & tf.not_equal(new, eot), count=count, cache=cache,
+                         counts=control.counted(dict(counts=s["counts"]), new, alive)["counts"],
+                         tokens=tf.tensor_scatter_nd_update(s["tokens"], column, new),
+                         logprob=tf.tensor_scatter_nd_update(s["logprob"], column, chosen),
+                         top=tuple(tf.tensor_scatter_nd_update(o, column, t) for o, t in zip(s["top"], top))),)
+
+        def cond(s):
+            return tf.logical_and(s["j"] < steps, tf.reduce_any(s["alive"]))
+        s = tf.while_loop(cond, body, (start,))[0]
+        self._store(s["cache"])
+        self.counts.assign(s["counts"])
+        return s["tokens"], s["count"], s["logprob"], s["top"]
+
+    def _read(self):
+        return [(k.value(), v.value()) for k, v in self.cache]
+
+    def _store(self, cache):
+        for variables, values in zip(self.cache, cache):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+
+
+def log_probabilities(logits, token):
+    """log softmax(logits) [batch, n_vocab] at `token` [batch], and the TOP_LOGPROBS most likely
+    ids and their log-probabilities [batch, N] (by repeated arg max: no sort of the vocabulary)."""
+    logp = tf.nn.log_softmax(logits)
+    chosen = tf.gather(logp, token, batch_dims=1)
+    ids, values = [], []
+    rest = logp
+    for _ in range(TOP_LOGPROBS):
+        best = tf.argmax(rest, axis=-1, output_type=tf.int32)
+        ids.append(best)
+        values.append(tf.gather(logp, best, batch_dims=1))
+        rest = tf.tensor_scatter_nd_update(rest, tf.stack([tf.range(tf.shape(best)[0]), best], 1),
+                                           tf.fill(tf.shape(best), float("-inf")))
+    return chosen, (tf.stack(ids, 1), tf.stack(values, 1))

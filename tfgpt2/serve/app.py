@@ -1,0 +1,298 @@
+"""The HTTP server: FastAPI routes over a `Scheduler`, run by uvicorn (`serve`).
+
+`GET /v1/models`, `POST /v1/completions` (plain or streamed as server-sent events), `GET /health`
+(503 while draining, so that a load balancer stops sending) and `GET /metrics` (Prometheus).
+The scheduler's engine thread runs every TensorFlow program; requests are read, checked
+(`protocol.parse`) and answered here, on the event loop. SIGTERM or SIGINT drains: new requests
+get 503, running ones finish, then the process exits 0 (a second signal exits at once).
+"""
+import asyncio
+import contextlib
+import json
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from . import protocol
+from .protocol import RequestError
+from ..sample import choose
+from .scheduler import QueueFull, Scheduler, Sequence
+from .text import TextStream, token_text
+
+RETRY_AFTER = 1  # seconds a client told 429 waits
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own: requests by status, prompt
+    tokens and time to first token counted here; tokens generated, queue depth, running
+    completions and batch occupancy read from the scheduler at each scrape."""
+
+    def __init__(self, scheduler):
+        self.registry = r = CollectorRegistry()
+        self.scheduler = scheduler
+        self.requests = Counter("tfgpt2_requests", "Completion requests answered, by HTTP status", ["status"],
+                                registry=r)
+        self.prompt_tokens = Counter("tfgpt2_prompt_tokens", "Prompt tokens of the completions answered", registry=r)
+        self.first_token = Histogram("tfgpt2_time_to_first_token_seconds", "Seconds from a request to its first "
+                                     "token", buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30), registry=r)
+        r.register(self)
+
+    def collect(self):
+        s = self.scheduler
+        yield CounterMetricFamily("tfgpt2_generation_tokens", "Tokens generated (cancelled completions' too)",
+                                  value=s.generated)
+        for name, text, value in [("queue_depth", "Completions waiting for a slot", s.queued),
+                                  ("running", "Completions in a slot", s.occupied),
+                                  ("batch_occupancy", "Share of the slots in use", s.occupied / s.max_batch)]:
+            yield GaugeMetricFamily("tfgpt2_" + name, text, value=value)
+
+
+class Choice:
+    """One choice of a request: its sequence, its text stream, and the events of both, which
+    the engine thread hands to the event loop."""
+
+    def __init__(self, index, prompt, completion, encoder, events, loop):
+        self.index, self.encoder, self.events, self.loop = index, encoder, events, loop
+        echo = completion.echo and (completion.texts[prompt] if completion.texts[prompt] is not None
+                                    else encoder.decode(completion.prompts[prompt]))
+        self.echo = echo or ""
+        self.stream = TextStream(encoder.encoding.decode_single_token_bytes, completion.stops, offset=len(self.echo))
+        self.top = completion.logprobs
+        self.sequence = Sequence(completion.prompts[prompt], completion.max_tokens, completion.sampling, self.sink,
+                                 bias=completion.bias, seed=completion.seed_of(index),
+                                 logprobs=completion.logprobs is not None, context_keep=completion.context_keep)
+        self.tokens = 0
+
+    def sink(self, tokens, logprobs, end):
+        """The scheduler's call (engine thread): the new tokens as text; True at a stop string."""
+        self.tokens += len(tokens)
+        if end == "eot":  # <|endoftext|> ends the text and is not part of it
+            tokens, logprobs = tokens[:-1], logprobs and logprobs[:-1]
+        entries = logprobs and [self.entry(token, *values) for token, values in zip(tokens, logprobs)]
+        text, released, stopped = self.stream.feed(tokens, entries)
+        reason = "stop" if stopped or end == "eot" else end
+        if reason:
+            rest, more = self.stream.finish()
+            text, released = text + rest, released + more
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, text, released, reason, len(tokens)))
+        return stopped
+
+    def entry(self, token, logprob, top_ids, top_logprobs):
+        word = self.encoder.encoding.decode_single_token_bytes
+        return {"token": token_text(word(token)), "logprob": protocol.finite(logprob),
+                "top": [(token_text(word(int(t))), protocol.finite(p)) for t, p in zip(top_ids, top_logprobs)]}
+
+
+def create_app(scheduler, *, model_name, encoder, hparams):
+    """The FastAPI app serving `scheduler`'s model as `model_name`; its engine thread starts and
+    stops with the app. `app.state.draining` refuses new work."""
+    metrics = Metrics(scheduler)
+    created = protocol.now()
+    app = FastAPI(title="tfgpt2", lifespan=lambda app: _Engine(scheduler))
+    app.state.draining, app.state.active = False, 0
+
+    @app.exception_handler(RequestError)
+    async def refused(request, error):
+        metrics.requests.labels(str(error.status)).inc()
+        headers = {"Retry-After": str(RETRY_AFTER)} if error.status == 429 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=503 if app.state.draining else 200)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return protocol.models(model_name, hparams.n_ctx, created)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        app.state.active += 1  # until its choices are queued: the drain waits for them
+        try:
+            run = await _start(request)
+        finally:
+            app.state.active -= 1
+        if run.c.stream:
+            return StreamingResponse(run.streamed(scheduler, request), media_type="text/event-stream")
+        return JSONResponse(await run.whole(scheduler, request))
+
+    async def _start(request):
+        if app.state.draining:
+            raise RequestError("the server is shutting down", status=503, type="server_error",
+                               code="service_unavailable")
+        c = protocol.parse(await _json(request), model_name=model_name, encoder=encoder, hparams=hparams,
+                           capacity=scheduler.max_batch + scheduler.max_queue)
+        events, loop = asyncio.Queue(), asyncio.get_running_loop()
+        choices = [Choice(index, prompt, c, encoder, events, loop) for prompt, index in c.choices()]
+        try:
+            scheduler.submit([choice.sequence for choice in choices])
+        except QueueFull as e:
+            raise RequestError(f"too many requests: {e}; retry later", status=429, type="rate_limit_error",
+                               code="rate_limit_exceeded") from None
+        metrics.prompt_tokens.inc(sum(map(len, c.prompts)))
+        return Run(c, choices, events, metrics, model_name)
+
+    return app
+
+
+async def _json(request):
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"the request body is not valid JSON: {e}") from None
+
+
+class Run:
+    """A request's choices as they generate: events in, the response (or its stream) out. A
+    client that disconnects first cancels them (their slots free at the next step)."""
+
+    def __init__(self, completion, choices, events, metrics, model_name):
+        self.c, self.choices, self.events, self.metrics = completion, choices, events, metrics
+        self.id, self.created, self.model = protocol.new_id(), protocol.now(), model_name
+        self.start = time.monotonic()
+        self.open = len(choices)
+        self.first, self.status = True, "200"
+
+    async def next(self, watch):
+        """The next event, (choice index, text, logprobs entries, finish reason, token count);
+        CancelledError where `watch` (the client's disconnect) comes first."""
+        get = asyncio.ensure_future(self.events.get())
+        done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if get not in done:
+            get.cancel()
+            raise asyncio.CancelledError("the client disconnected")
+        index, _, _, reason, count = event = get.result()
+        if self.first and count:
+            self.first = False
+            self.metrics.first_token.observe(time.monotonic() - self.start)
+        if reason:
+            self.open -= 1
+        if reason == "error":
+            self.status = "500"
+            raise RequestError(f"choice {index}: the generation step failed (the server's log says why)",
+                               status=500, type="server_error")
+        return event
+
+    async def whole(self, scheduler, request):
+        """The response object, once every choice has ended."""
+        texts = {choice.index: [choice.echo] for choice in self.choices}
+        entries = {choice.index: [] for choice in self.choices}
+        reasons = {}
+        async with self.watching(scheduler, request) as watch:
+            while self.open:
+                index, text, released, reason, _ = await self.next(watch)
+                texts[index].append(text)
+                entries[index] += released
+                reasons[index] = reason
+        return protocol.completion(self.id, self.model, self.created, [
+            protocol.choice(choice.index, "".join(texts[choice.index]), self._logprobs(entries[choice.index]),
+                            reasons[choice.index]) for choice in self.choices], self._usage())
+
+    async def streamed(self, scheduler, request):
+        """The server-sent events: a chunk per event with text, entries or an end, then the usage
+        (where asked) and [DONE]; an error object where the step failed."""
+        async with self.watching(scheduler, request) as watch:
+            try:
+                while self.open:
+                    index, text, released, reason, _ = await self.next(watch)
+                    if text or released or reason:
+                        yield _event(protocol.completion(self.id, self.model, self.created, [
+                            protocol.choice(index, text, self._logprobs(released), reason)], None))
+            except RequestError as error:
+                yield _event(error.body())
+                return
+            if self.c.include_usage:
+                yield _event(protocol.completion(self.id, self.model, self.created, [], self._usage()))
+            yield "data: [DONE]\n\n"
+
+    @contextlib.asynccontextmanager
+    async def watching(self, scheduler, request):
+        """A task that ends when the client disconnects; on the way out, the request's status
+        counted (a RequestError's by the app's handler) and, where choices are still open (the
+        client left, a failure), them cancelled."""
+        async def disconnected():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        watch = asyncio.ensure_future(disconnected())
+        try:
+            yield watch
+        except BaseException as e:
+            if not isinstance(e, RequestError):
+                self.metrics.requests.labels("499").inc()
+            raise
+        else:
+            self.metrics.requests.labels(self.status).inc()
+        finally:
+            watch.cancel()
+            if self.open:
+                scheduler.cancel([choice.sequence for choice in self.choices])
+
+    def _logprobs(self, entries):
+        return None if self.c.logprobs is None else protocol.logprobs_object(entries, self.c.logprobs)
+
+    def _usage(self):
+        return protocol.usage(sum(map(len, self.c.prompts)), sum(choice.tokens for choice in self.choices))
+
+
+def _event(data):
+    return f"data: {json.dumps(data)}\n\n"
+
+
+class _Engine:
+    """The app's lifespan: the scheduler's engine thread, started and stopped with it."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    async def __aenter__(self):
+        self.thread = threading.Thread(target=self.scheduler.run, name="tfgpt2-engine", daemon=True)
+        self.thread.start()
+
+    async def __aexit__(self, *exc):
+        self.scheduler.close()
+        await asyncio.to_thread(self.thread.join)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, draining on the first SIGTERM or SIGINT (`app.state.draining`: new
+    requests get 503) until no request is left, then exiting; at once on a second."""
+
+    def __init__(self, config, app, scheduler, ready=None):
+        super().__init__(config)
+        self.app, self.scheduler, self.ready = app, scheduler, ready
+
+    def handle_exit(self, sig, frame):
+        if self.app.state.draining:
+            self.should_exit = self.force_exit = True
+        self.app.state.draining = True
+
+    async def on_tick(self, counter):
+        if self.ready is not None:  # the first tick: the port listens
+            self.ready, ready = None, self.ready
+            ready()
+        if self.app.state.draining and not self.app.state.active and self.scheduler.idle:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def serve(model, encoder, *, model_name, host="127.0.0.1", port=8000, max_batch=16, max_queue=256, chunk=64,
+          steps=1, log_level="warning", ready=None):
+    """Serve `model` as `model_name` on host:port until a signal drains the server (`Server`):
+    `max_batch` slots, `max_queue` completions waiting, prefill chunks of up to `chunk` tokens,
+    up to `steps` tokens per decode call (`scheduler.Scheduler`). `ready()` is called once the
+    port listens."""
+    scheduler = Scheduler(model, choose, max_batch=max_batch, max_queue=max_queue, chunk=chunk, steps=steps,
+                          eot=encoder.eot_token)
+    app = create_app(scheduler, model_name=model_name, encoder=encoder, hparams=model.hparams)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=30)
+    Server(config, app, scheduler, ready).run()

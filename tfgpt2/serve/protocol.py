@@ -1,0 +1,220 @@
+"""OpenAI's completions API as the server speaks it: a request's JSON read into a `Completion`
+(types here, every range by decoding's generation rule, so that a 400 says what
+`tfgpt2.generate` would say), and the response, stream chunk and error objects.
+
+Fields: OpenAI's `model`, `prompt` (a string, a list of strings, token ids or lists of them),
+`max_tokens` (default 16), `temperature`, `top_p`, `n`, `stop` (a string or up to 4), `seed`,
+`presence_penalty`, `frequency_penalty`, `logit_bias`, `logprobs` (0-5), `echo`, `stream`,
+`stream_options.include_usage`, `user` (ignored), `best_of` (= n) and `suffix` (null only);
+tfgpt2's `top_k`, `min_p`, `repetition_penalty` and `context_keep` (go past n_ctx from the last
+that many tokens). Any other field is refused, naming it.
+"""
+import math
+import secrets
+import time
+import uuid
+
+import numpy as np
+import tensorflow as tf
+
+from ..decoding.plan import check_request, integer, real
+from ..sample import _controls
+
+MAX_STOPS = 4      # OpenAI's limit
+MAX_LOGPROBS = 5   # OpenAI's limit for completions (`decoding.slots.TOP_LOGPROBS`)
+FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
+          "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "user", "best_of",
+          "suffix", "top_k", "min_p", "repetition_penalty", "context_keep"}
+
+
+class RequestError(Exception):
+    """A request the server answers with an error object: `status` (400, 404, 429, 503),
+    OpenAI's `type` and `code`, and the `param` at fault where known."""
+
+    def __init__(self, message, *, status=400, param=None, type="invalid_request_error", code=None):
+        super().__init__(message)
+        self.status, self.param, self.type, self.code = status, param, type, code
+
+    def body(self):
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+
+class Completion:
+    """A checked completions request: `prompts` (token lists) and their `texts` (for `echo`),
+    `n` choices each, `max_tokens`, `sampling` (the scheduler's values), `bias`, `seed` (None:
+    random), `stops`, `logprobs` (None or 0-5), `echo`, `stream`, `include_usage`,
+    `context_keep`."""
+
+    def choices(self):
+        """(prompt index, choice index) of every choice, in the response's order."""
+        return [(p, p * self.n + j) for p in range(len(self.prompts)) for j in range(self.n)]
+
+    def seed_of(self, index):
+        """The seed of choice `index`: the request's plus the index (choices differ, requests
+        repeat), or a random one."""
+        return secrets.randbelow(2**63) if self.seed is None else (self.seed + index) % 2**63
+
+
+def parse(body, *, model_name, encoder, hparams, capacity):
+    """The request `body` (parsed JSON) as a `Completion`, or RequestError. `capacity`: the most
+    choices one request may ask for (slots + queue)."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r} (this server takes {', '.join(sorted(FIELDS))})",
+                           param=unknown[0])
+    get = {k: v for k, v in body.items() if v is not None}.get  # a null means the default, as OpenAI's
+    model = get("model")
+    if model != model_name:
+        raise RequestError(f"The model `{model}` does not exist; this server serves `{model_name}`", status=404,
+                           param="model", code="model_not_found")
+    c = Completion()
+    c.texts, c.prompts = _prompts(get("prompt", "<|endoftext|>"), encoder)
+    c.n = _field(integer, "n", get("n", 1), low=1)
+    if get("best_of", c.n) != c.n or get("suffix") is not None:
+        raise RequestError("best_of (other than n) and suffix are not supported", param="best_of")
+    if len(c.prompts) * c.n > capacity:
+        raise RequestError(f"prompts x n = {len(c.prompts) * c.n} completions; one request may ask for at most "
+                           f"{capacity} (--max_batch + --max_queue)", param="n")
+    c.max_tokens = _field(integer, "max_tokens", get("max_tokens", 16))
+    c.stream, c.echo = (_flag(name, get(name, False)) for name in ("stream", "echo"))
+    c.include_usage = _stream_options(get("stream_options"), c.stream)
+    c.logprobs = None if get("logprobs") is None else _field(integer, "logprobs", get("logprobs"), low=0,
+                                                             high=MAX_LOGPROBS + 1)
+    c.stops = _stops(get("stop", []))
+    c.seed = None if get("seed") is None else _field(integer, "seed", get("seed"), low=0, high=2**63)
+    c.context_keep = (None if get("context_keep") is None else
+                      _field(integer, "context_keep", get("context_keep"), low=1, high=hparams.n_ctx))
+    values = dict(temperature=get("temperature", 1.0), top_p=get("top_p", 1.0), min_p=get("min_p", 0.0),
+                  repetition=get("repetition_penalty", 1.0), presence=get("presence_penalty", 0.0),
+                  frequency=get("frequency_penalty", 0.0))
+    names = dict(repetition="repetition_penalty", presence="presence_penalty", frequency="frequency_penalty")
+    c.sampling = {key: _field(real, names.get(key, key), value) for key, value in values.items()}
+    c.sampling["top_k"] = _field(integer, "top_k", get("top_k", 0))
+    c.bias = _bias(get("logit_bias", {}))
+    _check(c, hparams)
+    return c
+
+
+def _field(kind, name, value, **bounds):
+    try:
+        return kind(name, value, **bounds)
+    except ValueError as e:
+        raise RequestError(str(e), param=name) from None
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false, got {value!r}", param=name)
+    return value
+
+
+def _stream_options(options, stream):
+    if options is None:
+        return False
+    if not stream:
+        raise RequestError("stream_options is only allowed with stream: true", param="stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise RequestError('stream_options must be {"include_usage": true or false}', param="stream_options")
+    return _flag("stream_options.include_usage", options.get("include_usage", False))
+
+
+def _prompts(prompt, encoder):
+    """([text or None], [token list]) of the prompt in any of its four forms. Strings are
+    encoded with <|endoftext|> as the special token, as OpenAI's API does."""
+    def ids(tokens, where):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise RequestError(f"{where} must be a string or a list of token ids (integers)", param="prompt")
+        return list(tokens)
+    if isinstance(prompt, str):
+        return [prompt], [encoder.encode(prompt, allowed_special="all")]
+    if not isinstance(prompt, list) or not prompt:
+        raise RequestError("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+                           param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt), [encoder.encode(p, allowed_special="all") for p in prompt]
+    if all(isinstance(p, list) for p in prompt):
+        return [None] * len(prompt), [ids(p, f"prompt {n}") for n, p in enumerate(prompt)]
+    return [None], [ids(prompt, "prompt")]
+
+
+def _stops(stop):
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
+    return stops
+
+
+def _bias(bias):
+    """{token id: value} of OpenAI's {"id": value}."""
+    if not isinstance(bias, dict):
+        raise RequestError('logit_bias must be an object of token ids to numbers: {"50256": -100}', param="logit_bias")
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError:
+        raise RequestError(f"logit_bias keys must be token ids, got {sorted(bias)[:3]}", param="logit_bias") from None
+
+
+def _check(c, hparams):
+    """Decoding's rule for the request (ids, lengths, sampling, controls), as `tfgpt2.generate`
+    asks it: ValueError's message as the 400's."""
+    s = c.sampling
+    longest = max(map(len, c.prompts))
+    window = c.max_tokens if c.context_keep is None else min(c.max_tokens, max(hparams.n_ctx + 1 - longest, 1))
+    ids = np.zeros([len(c.prompts), max(longest, 1)], np.int64)
+    for row, p in enumerate(c.prompts):
+        ids[row, :len(p)] = p
+    try:
+        with tf.device("CPU"):
+            check_request(tf.constant(ids), tf.constant([len(p) for p in c.prompts], tf.int32),
+                          tf.constant(min(max(window, -2**31), 2**31 - 1)), tf.constant(s["temperature"], tf.float32),
+                          tf.constant(min(max(s["top_k"], -2**31), 2**31 - 1)), tf.constant(s["top_p"], tf.float32),
+                          hparams=hparams)
+            _controls(hparams.n_vocab, 1, logit_bias=c.bias, repetition_penalty=s["repetition"],
+                      presence_penalty=s["presence"], frequency_penalty=s["frequency"], min_p=s["min_p"], stop=None)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+def new_id():
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def completion(id, model, created, choices, usage):
+    """The response object; `choices` as `choice` makes them."""
+    return {"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "usage": usage}
+
+
+def choice(index, text, logprobs, finish_reason):
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def usage(prompt_tokens, completion_tokens):
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def logprobs_object(entries, n):
+    """OpenAI's logprobs of a choice from TextStream entries: tokens, token_logprobs,
+    top_logprobs (the n most likely, token text -> log-probability) and text_offset."""
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [None if e["top"] is None else dict(e["top"][:n]) for e in entries],
+            "text_offset": [e["offset"] for e in entries]}
+
+
+def models(model_name, n_ctx, created):
+    return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                        "owned_by": "tfgpt2", "max_model_len": n_ctx}]}
+
+
+def now():
+    return int(time.time())
+
+
+def finite(x):
+    """A log-probability as JSON can carry it (-inf as a very large negative number)."""
+    return float(x) if math.isfinite(x) else -9999.0

@@ -1,0 +1,238 @@
+"""Continuous batching: sequences wait in a queue, take a free slot of `decoding.slots.Slots`,
+are prefilled a chunk at a time (one chunk between decode steps, so running streams keep
+flowing), then join the running batch at the next step; each leaves on its token budget,
+end-of-text, a stop string (its consumer says so) or a cancel, and its slot is reused at once.
+
+One engine thread runs every TensorFlow program (`Scheduler.run`); the rest of the process only
+queues and cancels sequences (thread-safe) and hears from them through their `sink`.
+"""
+import collections
+import threading
+import time
+import traceback
+
+import numpy as np
+import tensorflow as tf
+
+from ..decoding.slots import Slots
+
+FLOATS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
+MIN_CHUNK = 16  # the shortest prefill chunk (chunks are powers of two up to `chunk`)
+MIN_WINDOW = 32  # the shortest attention window (windows are powers of two up to n_ctx)
+
+
+class QueueFull(Exception):
+    """More sequences than the queue holds: try again later."""
+
+
+class Sequence:
+    """One completion to generate: `prompt` (token ids), up to `max_tokens` new tokens, the
+    sampling values (`FLOATS` and "top_k"), `bias` ({token id: value}), `seed`, `logprobs`
+    (whether to report log-probabilities) and `context_keep` (go on past n_ctx from the last
+    that many tokens; None: the request fits). `sink(tokens, logprobs, end)` hears each group
+    of new tokens, from the engine thread (`end`: None, "length", "eot", or "error"; logprobs:
+    (log-probability, top ids, their log-probabilities) per token, or None) and returns True
+    to end the sequence there (a stop string)."""
+
+    def __init__(self, prompt, max_tokens, sampling, sink, *, bias=None, seed=0, logprobs=False, context_keep=None):
+        self.prompt, self.max_tokens, self.sampling, self.sink = list(prompt), max_tokens, sampling, sink
+        self.bias, self.seed, self.logprobs, self.context_keep = bias or {}, seed, logprobs, context_keep
+        self.generated = []
+        self.slot = None
+        self.context, self.prefilled = self.prompt, 0  # what the slot's cache holds (a window, past n_ctx)
+        self.since_context = 0  # new tokens since the context was set
+        self.cancelled = False
+        self.submitted = time.monotonic()
+
+    @property
+    def position(self):
+        """Where the next token is fed (the context's last token, then each new one)."""
+        return len(self.context) - 1 + self.since_context
+
+    @property
+    def prefilling(self):
+        return self.prefilled < len(self.context) - 1
+
+
+class Scheduler:
+    """Runs sequences on `max_batch` slots of `model` (`choose`: `tfgpt2.sample.choose`):
+    `submit`, `cancel`, and `run` in a thread of its own until `close`. At most `max_queue`
+    sequences wait for a slot (`submit` raises QueueFull past that). `chunk`: the longest prefill
+    chunk; `steps`: the most tokens a decode call makes while no prompt is waiting to be prefilled
+    (more amortize the host's work per call, fewer let new requests in sooner)."""
+
+    def __init__(self, model, choose, *, max_batch, max_queue, chunk=64, steps=1, eot):
+        self.n_ctx, self.n_vocab, self.eot = model.hparams.n_ctx, model.hparams.n_vocab, eot
+        self.max_batch, self.max_queue, self.chunk = max_batch, max_queue, chunk
+        self.slots = Slots(model, choose, max_batch=max_batch, chunk=chunk, steps=steps)
+        self.running = [None] * max_batch
+        self.waiting = collections.deque()
+        self.lock = threading.Condition()
+        self.closed = False
+        self.generated = 0  # tokens generated so far, all sequences
+        self.values = {name: np.zeros(max_batch, np.float32) for name in FLOATS}
+        self.values.update(top_k=np.zeros(max_batch, np.int32), seed=np.zeros(max_batch, np.int64))
+
+    # ---- any thread --------------------------------------------------------------------
+
+    def submit(self, sequences):
+        """Queue the sequences (all or none): QueueFull when more than `max_queue` would wait."""
+        with self.lock:
+            if len(self.waiting) + len(sequences) > self.max_queue + self.running.count(None):
+                raise QueueFull(f"{len(self.waiting)} completions are waiting (--max_queue {self.max_queue})")
+            self.waiting.extend(sequences)
+            self.lock.notify()
+
+    def cancel(self, sequences):
+        """End the sequences where they are (a client that left): their slots free at the next step."""
+        with self.lock:
+            for sequence in sequences:
+                sequence.cancelled = True
+            self.lock.notify()
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            self.lock.notify()
+
+    @property
+    def occupied(self):
+        return self.max_batch - self.running.count(None)
+
+    @property
+    def queued(self):
+        return len(self.waiting)
+
+    @property
+    def idle(self):
+        with self.lock:
+            return not self.waiting and not self.occupied
+
+    # ---- the engine thread -------------------------------------------------------------
+
+    def run(self):
+        """The engine loop: admit, prefill one chunk, decode; sleeps while there is nothing to
+        do. Where a step fails, its sequences hear "error" (the traceback goes to stderr) and the
+        loop goes on."""
+        while True:
+            with self.lock:
+                while not self.closed and not self.waiting and not self.occupied:
+                    self.lock.wait()
+                if self.closed:
+                    return
+                self._drop_cancelled()
+                admitted = self._take_waiting()
+            try:
+                for sequence in admitted:
+                    self._admit(sequence)
+                self.step()
+            except Exception:  # a program failed (out of memory, ...): end what runs, serve on
+                traceback.print_exc()
+                self._fail()
+
+    def step(self):
+        """One chunk of the first prompt still to prefill, then one decode call for the
+        sequences that are ready."""
+        prefilling = sorted((s for s in self.running if s is not None and s.prefilling), key=lambda s: s.submitted)
+        if prefilling:
+            self._prefill(prefilling[0])
+        if any(s is not None and not s.prefilling for s in self.running):
+            more = self.waiting or any(s is not None and s.prefilling for s in self.running)
+            self._decode(1 if more else self.slots.steps)
+
+    def _drop_cancelled(self):
+        self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
+        for slot, sequence in enumerate(self.running):
+            if sequence is not None and sequence.cancelled:
+                self.running[slot] = None
+
+    def _take_waiting(self):
+        taken = []
+        while self.waiting and None in self.running:
+            sequence = self.waiting.popleft()
+            sequence.slot = self.running.index(None)
+            self.running[sequence.slot] = sequence
+            taken.append(sequence)
+        return taken
+
+    def _admit(self, sequence):
+        """The slot's values for the sequence: sampling, seed, bias row, counts, seen prompt."""
+        slot, bias = sequence.slot, np.zeros(self.n_vocab, np.float32)
+        for token, value in sequence.bias.items():
+            bias[token] = value
+        for name, values in self.values.items():
+            values[slot] = sequence.seed if name == "seed" else sequence.sampling[name]
+        prompt = np.zeros(self.n_ctx, np.int32)
+        prompt[self.n_ctx - len(sequence.prompt[-self.n_ctx:]):] = sequence.prompt[-self.n_ctx:]
+        self.slots.admit(tf.constant(slot), tf.constant(prompt), tf.constant(self.n_ctx - len(sequence.prompt)),
+                         tf.constant(bias))
+        sequence.since_context = 0
+
+    def _prefill(self, sequence):
+        """The next chunk of the sequence's context (its last token is fed by `_decode`)."""
+        start, end = sequence.prefilled, len(sequence.context) - 1
+        size = min(self.chunk, power_of_two(end - start, MIN_CHUNK))
+        piece = sequence.context[start:min(end, start + size)]
+        tokens = np.zeros([1, size], np.int32)
+        tokens[0, :len(piece)] = piece
+        self.slots.prefill(tf.constant(tokens), tf.constant(sequence.slot), tf.constant(start),
+                           window(start + len(piece), self.n_ctx))
+        sequence.prefilled = start + len(piece)
+
+    def _decode(self, steps):
+        """Up to `steps` new tokens for each sequence that is ready, handed to its sink."""
+        ready = [s for s in self.running if s is not None and not s.prefilling]
+        token, position, budget, drawn = (np.zeros(self.max_batch, np.int32) for _ in range(4))
+        wants = np.zeros(self.max_batch, bool)
+        for s in ready:
+            token[s.slot] = s.generated[-1] if s.since_context else s.context[-1]
+            position[s.slot], drawn[s.slot], wants[s.slot] = s.position, len(s.generated), s.logprobs
+            budget[s.slot] = min(steps, s.max_tokens - len(s.generated), self.n_ctx - s.position)
+        sampling = {name: tf.constant(self.values[name]) for name in (*FLOATS, "top_k")}
+        tokens, count, logprob, (top_ids, top_logprobs) = self.slots.decode(
+            tf.constant(token), tf.constant(position), tf.constant(budget), tf.constant(steps),
+            tf.constant(self.eot), sampling, tf.constant(self.values["seed"]), tf.constant(drawn),
+            tf.constant(wants), window(int(max(position[s.slot] + budget[s.slot] for s in ready)), self.n_ctx))
+        tokens, count = tokens.numpy(), count.numpy()
+        if wants.any():
+            logprob, top_ids, top_logprobs = logprob.numpy(), top_ids.numpy(), top_logprobs.numpy()
+        for s in ready:
+            new = tokens[s.slot, :count[s.slot]].tolist()
+            logprobs = ([(logprob[s.slot, j], top_ids[s.slot, j], top_logprobs[s.slot, j]) for j in range(len(new))]
+                        if s.logprobs else None)
+            self._advance(s, new, logprobs)
+
+    def _advance(self, sequence, new, logprobs):
+        """The sequence after its new tokens: ended (budget, end-of-text, its sink's stop),
+        slid past n_ctx (`context_keep`), or going on."""
+        sequence.generated += new
+        sequence.since_context += len(new)
+        self.generated += len(new)
+        end = ("eot" if new and new[-1] == self.eot else
+               "length" if len(sequence.generated) >= sequence.max_tokens else None)
+        if sequence.position >= self.n_ctx and end is None:  # the window is full: go on from its last tokens
+            sequence.context = (sequence.prompt + sequence.generated)[-sequence.context_keep:]
+            sequence.prefilled, sequence.since_context = 0, 0
+        if sequence.sink(new, logprobs, end) or end:
+            self.running[sequence.slot] = None
+
+    def _fail(self):
+        with self.lock:
+            failed = [s for s in self.running if s is not None]
+            self.running = [None] * self.max_batch
+        for sequence in failed:
+            sequence.sink([], None, "error")
+
+
+def power_of_two(n, low):
+    """The smallest power of two >= n and >= low."""
+    size = low
+    while size < n:
+        size *= 2
+    return size
+
+
+def window(positions, n_ctx):
+    """The attention window (a compile bucket) for `positions` positions: a power of two from
+    MIN_WINDOW, at most n_ctx."""
+    return min(power_of_two(positions, MIN_WINDOW), n_ctx)
