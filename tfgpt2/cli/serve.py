@@ -16,7 +16,8 @@ import os
 import sys
 
 from .args import Parser, ranged
-from .common import DTYPES, add_model_flags, add_quiet, encoder_of, model_dir, parse
+from ..formats.folders import encoder_of
+from .common import DTYPES, add_model_flags, add_quiet, model_dir, parse
 
 
 def main(argv=None, prog="tfgpt2 serve"):
