@@ -28,7 +28,7 @@ except ImportError:  # run as `python benchmarks/<tool>.py`: this folder is on s
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_DIR = os.path.join(HERE, "reports")
-PACKAGES = ("tensorflow", "keras", "numpy", "tiktoken", "keras-hub", "transformers", "torch")
+PACKAGES = ("tensorflow", "keras", "numpy", "tiktoken", "keras-hub", "transformers", "torch", "apache-beam")
 # what collect.py's command line leaves out of the "local changes" check: the reports themselves
 GENERATED = ("benchmarks/reports", "docs/benchmarks.md")
 

@@ -297,3 +297,15 @@ def test_memory_report(tiny_dir, tmp_path):
     assert all(r["mb"]["n"] == 1 and r["mb"]["median"] > 0 for r in table)
     assert table[5]["relative"]["median"] == pytest.approx(table[5]["mb"]["median"] / table[4]["mb"]["median"])
     assert data["settings"]["remat_hparams"] == TINY and data["settings"]["model_dir"] == tiny_dir
+
+
+def test_beam_report_rows_are_rates_and_ratios_of_the_runs():
+    """benchmark_beam's table from given run times (its runs are whole commands, timed in
+    benchmarks/reports/beam.json): rows/s per run, and the medians' ratio to the local engine's."""
+    from benchmarks import benchmark_beam
+    local, beam = benchmark_beam.ENGINES
+    (table,) = benchmark_beam.tables({local: [10.0, 20.0, 40.0], beam: [40.0, 80.0, 20.0]}, prompts=80)
+    by_engine = {row["engine"]: row for row in table["rows"]}
+    assert by_engine[local]["rows_per_s"] == report.spread([8.0, 4.0, 2.0])
+    assert by_engine[beam]["seconds"] == report.spread([40.0, 80.0, 20.0])
+    assert by_engine[local]["vs_local"] == 1 and by_engine[beam]["vs_local"] == pytest.approx(2.0 / 4.0)

@@ -380,6 +380,10 @@ def test_importing_every_module_leaves_environment_and_logging_alone():
     code = f"""
 import importlib, logging, os, sys, warnings
 import tensorflow, keras, numpy
+try:
+    import apache_beam  # the beam engine's, which sets up logging as it loads (third-party, as above)
+except ImportError:
+    pass
 def state():
     loggers = [logging.getLogger(), logging.getLogger("tensorflow")]
     return (dict(os.environ), [(l.level, list(l.filters), list(l.handlers)) for l in loggers],

@@ -59,14 +59,14 @@ def line_controls(row, n_vocab):
     return tuple(fields)
 
 
-def sampling(args, enc, fields, seed, flags):
-    """`tfgpt2.generate`'s keywords for a batch: the flags' (`flags`, the controls), then the
-    line's fields over them; `seed` unless the line has its own."""
-    keywords = dict(flags, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed,
-                    stop_at_eot=args.stop_at_eot)
-    for name, value in fields:
-        keywords[name] = {"logit_bias": lambda: dict(value), "stop": lambda: [enc.encode(t) for t in value]}.get(
-            name, lambda: value)()
+def line_keywords(fields, enc):
+    """A line's controls (`line_controls`) as `tfgpt2.generate`'s keywords (logit_bias a dict,
+    stop as token lists), to put over the command's."""
+    keywords = dict(fields)
+    if "logit_bias" in keywords:
+        keywords["logit_bias"] = dict(keywords["logit_bias"])
+    if "stop" in keywords:
+        keywords["stop"] = [enc.encode(text) for text in keywords["stop"]]
     return keywords
 
 

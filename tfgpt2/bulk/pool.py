@@ -15,7 +15,7 @@ import time
 
 from ..formats.files import replacing
 from ..sample import generate
-from .lines import sampling
+from .lines import line_keywords
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines
 
@@ -77,10 +77,10 @@ def append(path, rows):
         os.close(fd)
 
 
-def generate_batches(args, model, enc, length, batches, done, flags, note, worker=0, workers=1, parent=None):
+def generate_batches(args, model, enc, length, batches, done, keywords, note, worker=0, workers=1, parent=None):
     """Generate and append to args.output the batches of this worker that have lines not yet
-    done; `flags`: the controls of the command's flags, as `tfgpt2.generate` takes them; `note`
-    shows progress. A worker of several (`parent`: the process that started it) stops once
+    done; `keywords`: the command's flags, as `tfgpt2.generate` takes them (each line's own
+    over them); `note` shows progress. A worker of several (`parent`: the process that started it) stops once
     that process is gone. Returns the number of rows written."""
     todo = [(b, rows) for b, rows in enumerate(batches) if b % workers == worker
             and any(n not in done for n, _, _, _ in rows)]
@@ -96,7 +96,7 @@ def generate_batches(args, model, enc, length, batches, done, flags, note, worke
         context = [t for _, _, t, _ in rows]
         if len(rows) > 1 or "seed" not in dict(rows[0][3]):  # one compiled shape per bucket
             context += [context[0]] * (args.batch_size - len(context))
-        out = generate(model, context, length, **sampling(args, enc, rows[0][3], args.seed + b, flags))
+        out = generate(model, context, length, **{**keywords, "seed": args.seed + b, **line_keywords(rows[0][3], enc)})
         new = [(n, prompt, out[i][len(t):].tolist()) for i, (n, prompt, t, _) in enumerate(rows) if n not in done]
         append(args.output, [dict(line=n, prompt=prompt, text=enc.decode(ids), tokens=ids) for n, prompt, ids in new])
         prompts += len(new)

@@ -3,6 +3,8 @@
     tfgpt2 generate-batch --model_name 124M --input prompts.jsonl --output out.jsonl \\
         --length 40 --top_k 40 --seed 1
     tfgpt2 generate-batch --model_dir checkpoint/run1 --input prompts.jsonl --output out.jsonl --workers 2
+    tfgpt2 generate-batch --engine beam --model_dir gs://bucket/124M --input gs://bucket/in.jsonl \
+        --output gs://bucket/out/rows --length 40 -- --runner DataflowRunner --project P --region R ...
 
 (also `python -m tfgpt2.generate_batch`, with the same flags)
 
@@ -44,10 +46,21 @@ stops when the process that started it is gone; one that fails stops the others.
 A run holds <output>.lock: a second run on the same output is refused while it lasts.
 Progress: a line on stderr every few seconds (prompts done, prompts/s, tokens/s); --quiet
 leaves only the errors and the counts of skipped lines.
+
+--engine beam (the extra tfgpt2[beam]: docs/distributed.md) plans here, the same batches
+and seeds, so the same rows, and generates on an Apache Beam runner, whose pipeline options
+follow `--` (default: the DirectRunner, in this process). --input, --output and --model_dir
+(or --saved_model, a SavedModel of `tfgpt2 export`, whose workers need TensorFlow and not
+tfgpt2) may be on any filesystem Beam reads (local, gs://, s3://, hdfs://). The rows are
+written as the shards <output>-SSSSS-of-NNNNN, the bad lines, with their line number and
+what is wrong, to <output>.errors-00000-of-00001, and the good lines are generated; without
+--skip_bad the command then exits with status 1. A Beam run does not resume: rerun it on a
+new --output (an output with files of an earlier run is refused).
 """
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 import time
 
@@ -56,7 +69,10 @@ import numpy as np
 from ..bulk import lines, pool
 from ..hparams import load_hparams
 from .args import ranged
+from ..formats.folders import model_path, vocabulary_source
 from .common import Progress, controls, encoder_of, end_at_once, load, model_dir, sampling_parser
+
+HPARAMS_AND_VOCABULARY = ["hparams.json", "encoder.json", "vocab.bpe"]  # what planning reads of a model folder
 
 
 def arguments(argv, prog="tfgpt2 generate-batch"):
@@ -68,7 +84,16 @@ def arguments(argv, prog="tfgpt2 generate-batch"):
     p.add_argument("--skip_bad", action="store_true", help="skip bad input lines (counted) instead of stopping")
     p.add_argument("--workers", type=ranged(int, 1), default=1, help="processes sharing the batches (default 1)")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --workers for its children
+    p.add_argument("--engine", choices=["local", "beam"], default="local",
+                   help="local: this machine's processes (--workers); beam: an Apache Beam runner (default local)")
+    p.add_argument("--saved_model", metavar="DIR",
+                   help="--engine beam: generate with this SavedModel version folder of `tfgpt2 export` (its "
+                        "vocabulary: the model folder's where it exists, else GPT-2's)")
     args = p.parse_args(argv)
+    if args.engine == "local" and args.saved_model:
+        p.error("--saved_model needs --engine beam")
+    if args.engine == "beam" and args.workers > 1:
+        p.error("--workers is the local engine's: Beam's workers are set by its options after --")
     if args.seed is None:
         args.seed = int(np.random.randint(2**31))  # one seed for the run, shared by its workers
     return args
@@ -90,6 +115,24 @@ def input_batches(args, enc, n_ctx, length, n_vocab):
     return batches
 
 
+def check_length(args, n_ctx):
+    """--length, or its default: half the model's window n_ctx; ValueError where it or
+    --context_keep does not fit the window."""
+    length = n_ctx // 2 if args.length is None else args.length
+    if length < 1:
+        raise ValueError(f"--length must be at least 1, got {length}")
+    if args.context_keep is not None and args.context_keep >= n_ctx:
+        raise ValueError(f"--context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
+    return length
+
+
+def keywords(args, enc, n_vocab):
+    """The flags as `tfgpt2.generate`'s keywords (every line's, unless it sets its own); exits
+    with a message naming a flag whose value the model cannot use."""
+    return dict(controls(args, enc, n_vocab), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                stop_at_eot=args.stop_at_eot)
+
+
 def worker_command():
     """How a worker is started: as `tfgpt2 generate-batch` through the console script's module,
     which keeps TensorFlow's start-up lines off the terminal, where it is importable (else
@@ -103,21 +146,22 @@ def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
     """The command; `model`, where given, is --model_name already loaded (else it is loaded here)."""
     end_at_once()
     argv = sys.argv[1:] if argv is None else list(argv)
+    argv, beam_options = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = arguments(argv, prog)
+    if args.engine == "beam":
+        return run_beam(args, beam_options)
+    if beam_options:
+        return "error: the options after -- are Beam's pipeline options: they need --engine beam"
     held = None
     try:
         folder = model_dir(args)
-        n_ctx = load_hparams(folder).n_ctx
+        n_ctx, n_vocab = sizes(folder)
         enc = encoder_of(folder)
-        length = n_ctx // 2 if args.length is None else args.length
-        if length < 1:
-            raise ValueError(f"--length must be at least 1, got {length}")
-        if args.context_keep is not None and args.context_keep >= n_ctx:
-            raise ValueError(f"--context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
+        length = check_length(args, n_ctx)
         if os.path.isdir(args.output):
             raise ValueError(f"--output {args.output} is a folder: give the file to append the rows to, "
                              f"for example {os.path.join(args.output, 'rows.jsonl')}")
-        batches = input_batches(args, enc, n_ctx, length, load_hparams(folder).n_vocab)
+        batches = input_batches(args, enc, n_ctx, length, n_vocab)
         if args.worker is None:
             held = pool.lock(args.output)
     except (OSError, ValueError) as e:
@@ -146,7 +190,63 @@ def run_batches(argv, args, model, enc, length, batches):
     if model is None:
         model = load(args, lambda n_ctx: n_ctx // 2)[0]
     parent = None if args.worker is None else os.getppid()
-    flags = controls(args, enc, model.hparams.n_vocab)
-    pool.generate_batches(args, model, enc, length, batches, done, flags, progress.note, args.worker or 0,
-                          args.workers, parent)
+    pool.generate_batches(args, model, enc, length, batches, done, keywords(args, enc, model.hparams.n_vocab),
+                          progress.note, args.worker or 0, args.workers, parent)
     return 0
+
+
+def run_beam(args, options):
+    """--engine beam: plan here, write the bad lines, generate on Beam's runner (`bulk.beam`,
+    with Beam's pipeline `options`); the exit status."""
+    from ..bulk import beam, handlers
+    try:
+        if os.path.isdir(args.output):
+            raise ValueError(f"--output {args.output} is a folder: give the prefix of the files to write, "
+                             f"for example {os.path.join(args.output, 'rows')}")
+        path, enc, n_ctx, n_vocab = beam_model(args)
+        length = check_length(args, n_ctx)
+        settings = dict(keywords=keywords(args, enc, n_vocab), length=length, batch_size=args.batch_size)
+        handler = handlers.GPT2SavedModelHandler(path, enc.encoding, n_vocab=n_vocab, eot=enc.eot_token, **settings) \
+            if args.saved_model else handlers.GPT2ModelHandler(path, dtype=args.dtype, **settings)
+        if not any(option.startswith("--default_sdk_harness_log_level") for option in options):
+            options = [*options, "--default_sdk_harness_log_level=WARNING"]  # the workers' INFO lines off
+        start = time.monotonic()
+        rows, bad = beam.generate_files(args.input, args.output, handler, enc, n_ctx=n_ctx, n_vocab=n_vocab,
+                                        length=length, batch_size=args.batch_size, seed=args.seed,
+                                        context_keep=args.context_keep, options=options)
+    except (OSError, ValueError) as e:
+        return f"error: {e}"
+    Progress(args.quiet).note(f"{rows} prompts in {time.monotonic() - start:.1f} s: {args.output}-*-of-*")
+    if bad:
+        errors = f"{args.output}.errors-00000-of-00001"
+        if not args.skip_bad:
+            n, problem = bad[0]
+            return (f"error: {len(bad)} bad line(s) of {args.input}, written to {errors}; the first: line {n + 1} "
+                    f"(line {n} counted from 0): {problem} (--skip_bad skips such lines)")
+        print(f"skipped {len(bad)} bad line(s) of {args.input}, written to {errors}", file=sys.stderr)
+    return 0
+
+
+def beam_model(args):
+    """(the model's path for the workers, its encoder, n_ctx, n_vocab) for --engine beam: the
+    SavedModel of --saved_model, or the model folder; a local path made absolute (the workers'
+    current folder may be another), a remote folder's hparams and vocabulary copied here."""
+    from ..bulk import beam, handlers
+    path = args.model_dir or model_path(args.model_name, args.models_dir)
+    if args.saved_model:
+        saved = os.path.abspath(args.saved_model) if handlers.is_local(args.saved_model) else args.saved_model
+        return (saved, encoder_of(vocabulary_source(path)), *beam.saved_model_sizes(saved))
+    if handlers.is_local(path):
+        path = os.path.abspath(model_dir(args))
+        return (path, encoder_of(path), *sizes(path))
+    folder = handlers.local_copy(path, HPARAMS_AND_VOCABULARY)
+    try:
+        return (path, encoder_of(folder), *sizes(folder))
+    finally:
+        shutil.rmtree(folder)
+
+
+def sizes(folder):
+    """(n_ctx, n_vocab) of a model folder's hparams.json."""
+    hparams = load_hparams(folder)
+    return hparams.n_ctx, hparams.n_vocab

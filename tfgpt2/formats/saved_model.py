@@ -38,6 +38,7 @@ from ..decoding.loop import Generator
 from ..decoding.plan import check_request, plan
 from ..encoder import EOT_TOKEN
 from ..sample import choose
+from .bundle import read_index
 from .checkpoint import checkpoint_prefix, load_model
 from .files import new_folder
 
@@ -46,6 +47,7 @@ SCALARS = {"max_new_tokens": tf.int32, "temperature": tf.float32, "top_k": tf.in
 CONTROLS = {"logit_bias": ("bias", tf.float32, 1), "repetition_penalty": ("repetition", tf.float32, 0),
             "presence_penalty": ("presence", tf.float32, 0), "frequency_penalty": ("frequency", tf.float32, 0),
             "min_p": ("min_p", tf.float32, 0), "stop": ("stop", tf.int32, 2)}  # name: (key, dtype, rank of a row's)
+WPE, WTE = "model.Swpe", "model.Swte"  # the embeddings in the SavedModel's object graph (`Serving.weights`)
 IDS = tf.TensorSpec([None, None], tf.int32, name="input_ids")
 MASK = tf.TensorSpec([None, None], tf.int32, name="attention_mask")
 
@@ -182,6 +184,18 @@ def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot
         tf.saved_model.save(module, tmp, signatures={"serving_default": module.logits, "generate": module.generate,
                                                      "generate_with_controls": module.generate_with_controls})
     return target
+
+
+def embedding_sizes(path):
+    """(n_ctx, n_vocab) of the SavedModel at `path` (a version folder written by
+    `export_saved_model`): the shapes of its position and token embeddings, read from its
+    variables' index alone."""
+    _, entries = read_index(os.path.join(path, "variables", "variables"))
+    rows = {name: entry.shape.dim[0].size for name, entry in entries.items() if entry.shape.dim}
+    try:
+        return tuple(rows[f"weights/{name}/.ATTRIBUTES/VARIABLE_VALUE"] for name in (WPE, WTE))
+    except KeyError:
+        raise ValueError(f"{path}: not a SavedModel of tfgpt2 export (it has no wpe and wte variables)") from None
 
 
 def folder_bytes(path):

@@ -1,0 +1,179 @@
+"""`tfgpt2 generate-batch --engine beam` (tfgpt2/bulk/beam.py, handlers.py) on the tiny model:
+two pipelines in all, each on the DirectRunner with two worker processes (each imports
+TensorFlow and compiles), one through the model folder's handler and one through the
+SavedModel's in workers that cannot import tfgpt2."""
+import ast
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_layout import modules, resolve
+from tfgpt2.cli import generate_batch
+from tfgpt2.formats.checkpoint import load_model
+from tfgpt2.formats.folders import encoder_of
+from tfgpt2.sample import generate
+
+pytest.importorskip("apache_beam", reason="the beam extra (apache-beam) is not installed")
+slow = pytest.mark.slow  # Beam's worker processes each start TensorFlow and compile
+
+RUNNER = ["--", "--runner", "DirectRunner", "--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+GOOD = [dict(prompt="the cat sat on the mat"), dict(prompt="every effort moves you"), dict(prompt="a"),
+        dict(prompt="time of the language model", min_p=0.3, repetition_penalty=1.5, logit_bias={"262": 100},
+             stop=["zzz"], stop_at_eot=True),
+        dict(prompt="you moves effort every", min_p=0.3, repetition_penalty=1.5, logit_bias={"262": 100},
+             stop=["zzz"], stop_at_eot=True),
+        dict(prompt="the tensor flow", temperature=1.0, top_k=5, seed=3)]
+BAD = {1: (b"{not json", "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
+                         "(char 1))"),
+       4: (b'{"prompt": "caf\xe9"}', "not UTF-8: byte 0xe9 at byte 15 of the line"),
+       6: (json.dumps(dict(prompt=" ".join(["cat"] * 60))).encode(),
+           "prompt of 60 tokens + --length 8 - 1 exceeds the context window n_ctx=64"),
+       8: (json.dumps(dict(prompt="cat", top_p=2)).encode(), "field 'top_p' must be a number in [0, 1], got 2")}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """The input: the good lines, with the bad ones at their line numbers (BAD) among them.
+    Returns (path, {line number: the good line's object})."""
+    lines, good = [], {}
+    for n in range(len(GOOD) + len(BAD)):
+        if n in BAD:
+            lines.append(BAD[n][0])
+        else:
+            good[n] = GOOD[len(good)]
+            lines.append(json.dumps(good[n]).encode())
+    path = tmp_path_factory.mktemp("beam") / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return str(path), good
+
+
+def shards(output):
+    """{line: row} of the output's shards <output>-SSSSS-of-NNNNN, each line checked to be there once."""
+    files = sorted(glob.glob(f"{output}-*"))
+    assert files and all(f.endswith(f"-of-{len(files):05d}") for f in files), files
+    rows = [json.loads(line) for f in files for line in open(f, encoding="utf-8")]
+    assert len(rows) == len({r["line"] for r in rows}), "a line written twice"
+    return {r["line"]: r for r in rows}
+
+
+def run(tiny_dir, source, output, *flags):
+    return generate_batch.main(["--engine", "beam", "--model_dir", tiny_dir, "--input", source, "--output", str(output),
+                                "--length", "8",
+                                "--temperature", "0", "--batch_size", "2", "--quiet", *flags, *RUNNER])
+
+
+@pytest.fixture(scope="module")
+def folder_rows(tiny_dir, source, tmp_path_factory):
+    """The rows and the exit status of a run through the model folder's handler, and its output."""
+    output = tmp_path_factory.mktemp("folder") / "out" / "rows"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(ROOT))  # the workers import tfgpt2 from this checkout
+        status = run(tiny_dir, source[0], output)
+    return shards(output), status, output
+
+
+@slow
+def test_every_good_line_once_greedy_equal_to_each_prompt_alone(tiny_dir, source, folder_rows):
+    """Greedy rows (--temperature 0) and lines with controls of their own are
+    `tfgpt2.generate`'s for the prompt alone; the line with a seed samples as it would alone."""
+    path, good = source
+    rows, _, _ = folder_rows
+    assert sorted(rows) == sorted(good)
+    model, enc = load_model(tiny_dir), encoder_of(tiny_dir)
+    for n, line in good.items():
+        keywords = dict(dict(temperature=0), **{k: v for k, v in line.items() if k != "prompt"})
+        keywords["logit_bias"] = {int(k): v for k, v in keywords.get("logit_bias", {}).items()}
+        keywords["stop"] = [enc.encode(t) for t in keywords.get("stop", [])]
+        context = enc.encode(line["prompt"])
+        alone = generate(model, [context], 8, jit_compile=False, **keywords)[0][len(context):].tolist()
+        assert (rows[n]["prompt"], rows[n]["tokens"], rows[n]["text"]) == (line["prompt"], alone, enc.decode(alone)), n
+    free = generate(model, [enc.encode(good[5]["prompt"])], 8, temperature=0, jit_compile=False)[0]
+    assert rows[5]["tokens"] != free[len(enc.encode(good[5]["prompt"])):].tolist(), "the line's fields changed nothing"
+
+
+@slow
+def test_bad_lines_are_written_with_their_number_and_the_run_exits_nonzero(source, folder_rows):
+    path, _ = source
+    _, status, output = folder_rows
+    errors = [json.loads(line) for line in open(f"{output}.errors-00000-of-00001")]
+    assert errors == [dict(line=n, error=problem) for n, (_, problem) in sorted(BAD.items())]
+    assert status == f"error: 4 bad line(s) of {path}, written to {output}.errors-00000-of-00001; the first: line 2 " \
+                     f"(line 1 counted from 0): {BAD[1][1]} (--skip_bad skips such lines)"
+    assert not os.path.exists(f"{output}.plan.jsonl")
+
+
+@slow
+def test_an_output_with_an_earlier_runs_files_or_a_folder_is_refused(tiny_dir, source, folder_rows):
+    _, _, output = folder_rows
+    before = sorted(os.listdir(output.parent))
+    assert run(tiny_dir, source[0], output) == (
+        f"error: {output}-00000-of-00002 exists, from an earlier run: remove {output}-*, {output}.errors-* and "
+        f"{output}.plan.jsonl, or choose another --output")
+    assert run(tiny_dir, source[0], output.parent) == (
+        f"error: --output {output.parent} is a folder: give the prefix of the files to write, for example "
+        f"{output.parent / 'rows'}")
+    assert sorted(os.listdir(output.parent)) == before
+
+
+@slow
+def test_the_saved_model_gives_the_same_rows_with_tensorflow_alone(tiny_dir, source, folder_rows, tmp_path,
+                                                                    monkeypatch):
+    """The SavedModel's handler, in workers where `import tfgpt2` raises (a package of that
+    name first on their path): the rows of the model folder's handler, every one."""
+    from tfgpt2.formats.saved_model import export_saved_model
+    saved = export_saved_model(tiny_dir, str(tmp_path / "export"))
+    trap = tmp_path / "trap" / "tfgpt2"
+    trap.mkdir(parents=True)
+    (trap / "__init__.py").write_text("raise ImportError('tfgpt2 imported in a Beam worker')\n")
+    monkeypatch.setenv("PYTHONPATH", str(trap.parent))
+    monkeypatch.chdir(tmp_path)  # the workers' current folder, first on their path: no tfgpt2 there
+    tried = subprocess.run([sys.executable, "-c", "import tfgpt2"], capture_output=True, text=True)
+    assert "tfgpt2 imported in a Beam worker" in tried.stderr  # the trap holds for the workers' interpreter
+    output = tmp_path / "rows"
+    assert run(tiny_dir, source[0], output, "--saved_model", saved, "--skip_bad") == 0
+    assert shards(output) == folder_rows[0]
+
+
+@slow
+def test_a_batch_split_over_calls_gives_the_rows_of_the_whole(tiny_dir):
+    """Sampled rows depend on their place in the batch: a handler given a batch in two parts
+    puts each prompt at its row and gives the rows of the whole batch."""
+    from tfgpt2.bulk import beam as bulk_beam, handlers
+    enc = encoder_of(tiny_dir)
+    batches = [[(n, text, enc.encode(text), ()) for n, text in enumerate(["the cat", "a mat sat", "of time"])]]
+    (requests,) = bulk_beam.requests(batches, enc, seed=7, batch_size=4)
+    model = handlers.GPT2ModelHandler(tiny_dir, dict(temperature=1.0, top_k=0, top_p=1.0), length=6,
+                                      batch_size=4).load_model()
+    whole = list(model.rows(requests))
+    assert list(model.rows(requests[2:])) + list(model.rows(requests[:2])) == whole[2:] + whole[:2]
+    alone = generate(model.model, [r["tokens"] for r in requests] + [requests[0]["tokens"]], 6, seed=7)
+    assert [row["tokens"] for row in whole] == [a[len(r["tokens"]):].tolist() for a, r in zip(alone, requests)]
+
+
+def loading_imports():
+    """{module: the modules it imports as it is imported (not inside its functions)} over the
+    package, relative imports resolved."""
+    known = modules()
+    found = {}
+    for name, path in known.items():
+        nodes = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        found[name] = {t for n in nodes for t in resolve(name, path.name == "__init__.py", n, known)}
+    return found
+
+
+def test_only_the_beam_engine_imports_beam():
+    """`import tfgpt2` and the commands import no Apache Beam: only bulk/beam.py and
+    bulk/handlers.py import it as they load, and the command imports them inside the function
+    of --engine beam; handlers.py imports nothing of tfgpt2 as it loads (it runs on the
+    SavedModel's workers)."""
+    imports = loading_imports()
+    assert {m for m, names in imports.items() if any(n.split(".")[0] == "apache_beam" for n in names)} == {
+        "tfgpt2.bulk.beam", "tfgpt2.bulk.handlers"}
+    assert {m for m, names in imports.items() if names & {"tfgpt2.bulk.beam", "tfgpt2.bulk.handlers"}} == {
+        "tfgpt2.bulk.beam"}
+    assert not [n for n in imports["tfgpt2.bulk.handlers"] if n.split(".")[0] == "tfgpt2"]
