@@ -9,7 +9,7 @@ import tensorflow as tf
 from tests.test_sample import chi_square, filtered_softmax, prompts_for
 from tfgpt2 import load_model
 from tfgpt2.decoding import controls as control
-from tfgpt2.decoding.loop import generator_for
+from tfgpt2.decoding.generator import generator_for
 from tfgpt2.sample import choose, generate, min_p_logits, sample_sequence
 
 
@@ -180,21 +180,21 @@ def test_defaults_leave_the_loop_as_it_was(tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(logit_bias={50257: 1.0}), "logit_bias token id must be in [0, 50257)"),
-    (dict(logit_bias={-1: 1.0}), "logit_bias token id must be in [0, 50257)"),
-    (dict(logit_bias={5: float("nan")}), "logit_bias values must be numbers < inf"),
-    (dict(logit_bias={5: float("inf")}), "logit_bias values must be numbers < inf"),
-    (dict(logit_bias={5: "1"}), "logit_bias value must be a number"),
+    (dict(logit_bias={50257: 1.0}), "logit_bias token must be a token id in [0, n_vocab=50257), got 50257"),
+    (dict(logit_bias={-1: 1.0}), "logit_bias token must be a token id in [0, n_vocab=50257), got -1"),
+    (dict(logit_bias={5: float("nan")}), "logit_bias value must be a number < inf, got nan"),
+    (dict(logit_bias={5: float("inf")}), "logit_bias value must be a number < inf, got inf"),
+    (dict(logit_bias={5: "1"}), "logit_bias value must be a number < inf, got '1'"),
     (dict(logit_bias=[1, 2]), "logit_bias must be a mapping"),
-    (dict(repetition_penalty=-1.0), "repetition_penalty must be a finite number > 0"),
-    (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0"),
-    (dict(repetition_penalty=float("nan")), "repetition_penalty must be a finite number > 0"),
-    (dict(presence_penalty=-0.5), "presence_penalty must be a finite number >= 0"),
-    (dict(frequency_penalty=float("inf")), "frequency_penalty must be a finite number >= 0"),
-    (dict(min_p=1.5), "min_p must be in [0, 1]"),
-    (dict(min_p=float("nan")), "min_p must be in [0, 1]"),
+    (dict(repetition_penalty=-1.0), "repetition_penalty must be a finite number > 0, got -1.0"),
+    (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0, got 0"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty must be a finite number > 0, got nan"),
+    (dict(presence_penalty=-0.5), "presence_penalty must be a finite number >= 0, got -0.5"),
+    (dict(frequency_penalty=float("inf")), "frequency_penalty must be a finite number >= 0, got inf"),
+    (dict(min_p=1.5), "min_p must be a number in [0, 1], got 1.5"),
+    (dict(min_p=float("nan")), "min_p must be a number in [0, 1], got nan"),
     (dict(stop=[[]]), "stop sequence 0 must be a non-empty list"),
-    (dict(stop=[[5], [50257]]), "stop sequence 1 token id must be in [0, 50257)"),
+    (dict(stop=[[5], [50257]]), "stop sequence 1 token must be a token id in [0, n_vocab=50257), got 50257"),
     (dict(stop="\n"), "stop must be a list of token lists"),
     (dict(stop=[5, 6]), "stop sequence 0 must be a non-empty list"),
 ])

@@ -124,6 +124,7 @@ REQUESTS = {
     "max_new_tokens 0": bad(max_new_tokens=np.int32(0)),
     "top_k -1": bad(top_k=np.int32(-1)),
     "top_p 1.5": bad(top_p=np.float32(1.5)),
+    "seed -1": bad(seed=np.int64(-1)),
     "temperature -1": bad(temperature=np.float32(-1)),
     "right padding": bad(attention_mask=np.int32([[1, 1, 0]])),
     "mask of 2": bad(attention_mask=np.int32([[0, 2, 1]])),
@@ -331,10 +332,11 @@ def test_greedy_matches_the_reference(answers, reference_tiny):
     ("logits int64", "expected to be a int32 tensor but is a int64 tensor"),
     ("id out of range", "token ids must be in [0, n_vocab=50257)] [50257]"),
     ("negative id", "token ids must be in [0, n_vocab=50257)] [-5 -6 -7]"),
-    ("beyond n_ctx", "prompt tokens + length (max_new_tokens) - 1 must be <= n_ctx=64"),
-    ("max_new_tokens 0", "length (max_new_tokens) must be >= 1"),
-    ("top_k -1", "top_k must be >= 0"),
-    ("top_p 1.5", "top_p must be in [0, 1]"),
+    ("beyond n_ctx", "prompt tokens + max_new_tokens - 1 exceed the context window n_ctx=64"),
+    ("max_new_tokens 0", "max_new_tokens must be an integer in [1, 2**31)"),
+    ("top_k -1", "top_k must be an integer in [0, 2**31)"),
+    ("top_p 1.5", "top_p must be a number in [0, 1]"),
+    ("seed -1", "seed must be an integer in [0, 2**63)] [-1]"),
     ("temperature -1", "temperature must be a finite number >= 0"),
     ("right padding", "attention_mask must be left padding"),
     ("mask of 2", "attention_mask must hold only 0 and 1"),
@@ -345,12 +347,12 @@ def test_greedy_matches_the_reference(answers, reference_tiny):
     ("ids int64", "expected to be a int32 tensor but is a int64 tensor"),
     ("top_p float64", "expected to be a float tensor but is a double tensor"),
     # once overflowed the length check and ran until killed (a buffer of 2**31 tokens is 8 GB)
-    ("max_new_tokens 2**31-1", "must be <= n_ctx=64"),
-    ("max_new_tokens 2**31-2", "must be <= n_ctx=64"),
-    ("max_new_tokens -5", "length (max_new_tokens) must be >= 1"),
+    ("max_new_tokens 2**31-1", "exceed the context window n_ctx=64"),
+    ("max_new_tokens 2**31-2", "exceed the context window n_ctx=64"),
+    ("max_new_tokens -5", "max_new_tokens must be an integer in [1, 2**31)"),
     ("temperature nan", "temperature must be a finite number >= 0"),
     ("temperature nan per row", "temperature must be a finite number >= 0"),
-    ("top_p nan", "top_p must be in [0, 1]"),
+    ("top_p nan", "top_p must be a number in [0, 1]"),
 ])
 def test_bad_requests_fail_with_a_message(answers, name, message):
     answer = answers[name]
@@ -377,15 +379,15 @@ def test_controls_off_are_generate(answers):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("bias nan", "logit_bias values must be numbers < inf"),
-    ("bias inf", "logit_bias values must be numbers < inf"),
+    ("bias nan", "logit_bias values must be a number < inf"),
+    ("bias inf", "logit_bias values must be a number < inf"),
     ("bias size", "logit_bias must have n_vocab=50257 values per row"),
     ("bias bans all", "logit_bias bans every token"),
     ("bias rows", "logit_bias must have one value per row or one for all"),
     ("repetition -1", "repetition_penalty must be a finite number > 0"),
     ("presence -1", "presence_penalty must be a finite number >= 0"),
     ("frequency nan", "frequency_penalty must be a finite number >= 0"),
-    ("min_p 2", "min_p must be in [0, 1]"),
+    ("min_p 2", "min_p must be a number in [0, 1]"),
     ("stop id", "stop token ids must be in [0, n_vocab=50257)"),
     ("stop gap", "stop sequences must be padded with -1 at their end only"),
     ("stop rank 1", "stop must have rank 2 (every row) or 3 (one per row)"),
@@ -425,9 +427,9 @@ TF_NAMES = {np.int32: "int32", np.float32: "float", np.int64: "int64"}
 OPTIONS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed"]
 NAN, INF = float("nan"), float("inf")
 GOOD = dict(max_new_tokens=[1, 3, 8], temperature=[0.0, 1.0, 0.7, 1e30], top_k=[0, 1, 40, 2**31 - 1],
-            top_p=[1.0, 0.9, 0.0], seed=[0, 7, -1, 2**62])
+            top_p=[1.0, 0.9, 0.0], seed=[0, 7, 2**62, 2**63 - 1])
 BAD = dict(max_new_tokens=[0, -5, -2**31, n_ctx, 2**31 - 2, 2**31 - 1], temperature=[NAN, INF, -INF, -1.0],
-           top_k=[-5, -2**31], top_p=[NAN, INF, -INF, -1.0, 1.5, 1e30], seed=[])
+           top_k=[-5, -2**31], top_p=[NAN, INF, -INF, -1.0, 1.5, 1e30], seed=[-1, -2**63])
 BAD_IDS = [n_vocab, -1, 2**31 - 1, -2**31]
 
 
@@ -469,23 +471,25 @@ def refusals(req):
                 lengths, prompt = mask.sum(axis=1), np.where(mask == 1, ids, 0)
     if lengths is not None:
         if not (lengths > 0).all():
-            found.add("[every prompt needs at least one token (use start_token for none)]")
+            found.add("[every prompt needs at least one token (<|endoftext|> for none)]")
         bad = prompt[(prompt < 0) | (prompt >= n_vocab)][:3]
         if bad.size:
             found.add(f"[token ids must be in [0, n_vocab={n_vocab})] [{' '.join(map(str, bad))}]")
     if "max_new_tokens" in option:
         length = int(option["max_new_tokens"])
         if length < 1:
-            found.add(f"[length (max_new_tokens) must be >= 1] [{length}]")
+            found.add(f"[max_new_tokens must be an integer in [1, 2**31)] [{length}]")
         if lengths is not None and int(lengths.max()) + length - 1 > n_ctx:
-            found.add(f"[prompt tokens + length (max_new_tokens) - 1 must be <= n_ctx={n_ctx}; longest prompt and "
-                      f"length] [{int(lengths.max())}] [{length}]")
+            found.add(f"[prompt tokens + max_new_tokens - 1 exceed the context window n_ctx={n_ctx}; the tokens of "
+                      f"the longest prompt and max_new_tokens] [{int(lengths.max())}] [{length}]")
     if "temperature" in option and not (np.isfinite(option["temperature"]) and option["temperature"] >= 0):
         found.add(f"[temperature must be a finite number >= 0] [{float(option['temperature']):g}]")
     if "top_k" in option and option["top_k"] < 0:
-        found.add(f"[top_k must be >= 0] [{int(option['top_k'])}]")
+        found.add(f"[top_k must be an integer in [0, 2**31)] [{int(option['top_k'])}]")
     if "top_p" in option and not 0 <= option["top_p"] <= 1:
-        found.add(f"[top_p must be in [0, 1]] [{float(option['top_p']):g}]")
+        found.add(f"[top_p must be a number in [0, 1]] [{float(option['top_p']):g}]")
+    if "seed" in option and option["seed"] < 0:
+        found.add(f"[seed must be an integer in [0, 2**63)] [{int(option['seed'])}]")
     return found
 
 

@@ -14,7 +14,7 @@ from tfgpt2.bulk import pool
 from tfgpt2.cli import generate_batch
 from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.encoder import get_encoder
-from tfgpt2.decoding.plan import bucket
+from tfgpt2.decoding.buckets import bucket
 from tfgpt2.sample import generate
 
 pytestmark = pytest.mark.slow  # compiled generation over many prompts, processes
@@ -228,13 +228,14 @@ def test_lines_with_their_own_controls_equal_each_prompt_alone(tiny_dir, tmp_pat
 
 @pytest.mark.parametrize("field, value, message", [
     ("top_p", 2, "field 'top_p' must be a number in [0, 1], got 2"),
-    ("temperature", -1, "field 'temperature' must be a number >= 0, got -1"),
-    ("seed", 1.5, "field 'seed' must be an integer in [0, 2**32), got 1.5"),
-    ("logit_bias", {"50257": 1}, "field 'logit_bias' must be an object of token ids below n_vocab to numbers "
-                                 "(-100 or less bans), got {\"50257\": 1}"),
+    ("temperature", -1, "field 'temperature' must be a finite number >= 0, got -1"),
+    ("seed", 1.5, "field 'seed' must be an integer in [0, 2**63), got 1.5"),
+    ("logit_bias", {"50257": 1}, "field 'logit_bias' token must be a token id in [0, n_vocab=50257), got 50257"),
+    ("logit_bias", {"x": 1}, "field 'logit_bias' must be an object of token ids (strings of digits) to numbers, "
+                             "got {\"x\": 1}"),
     ("stop", "a", "field 'stop' must be a list of non-empty strings, got \"a\""),
     ("stop_at_eot", 1, "field 'stop_at_eot' must be true or false, got 1"),
-    ("repetition_penalty", 0, "field 'repetition_penalty' must be a number > 0, got 0"),
+    ("repetition_penalty", 0, "field 'repetition_penalty' must be a finite number > 0, got 0"),
 ])
 def test_a_bad_field_names_the_line_and_the_field(tiny_dir, tmp_path, capsys, field, value, message):
     src = tmp_path / "in.jsonl"

@@ -148,11 +148,11 @@ def test_the_graph_sees_the_packages_imports(graph):
     """The reader finds what it must: relative imports at both levels, `from . import x`, and
     imports inside functions."""
     assert "tfgpt2.hparams" in {t for t, _ in graph["tfgpt2.model"]}  # from .hparams import ...
-    assert "tfgpt2.decoding.layouts" in {t for t, _ in graph["tfgpt2.decoding.loop"]}  # from . import layouts
+    assert "tfgpt2.decoding.layouts" in {t for t, _ in graph["tfgpt2.decoding.generator"]}  # from . import layouts
     assert "tfgpt2.model" in {t for t, _ in graph["tfgpt2.decoding.cache"]}  # from ..model import ...
     assert "tfgpt2.sample" in {t for t, _ in graph["tfgpt2.cli.common"]}  # inside a function
     assert "tfgpt2.cli.main" in {t for t, _ in graph["tfgpt2.params"]}  # under __main__, absolute
-    assert {"tfgpt2", "tfgpt2.model", "tfgpt2.sample", "tfgpt2.decoding.loop", "tfgpt2.cli.main"} <= set(graph)
+    assert {"tfgpt2", "tfgpt2.model", "tfgpt2.sample", "tfgpt2.decoding.generator", "tfgpt2.cli.main"} <= set(graph)
 
 
 def test_every_import_of_the_package_names_one_of_its_modules(graph):
@@ -209,7 +209,7 @@ def test_the_cycle_finder_finds_circles():
 
 def test_the_graph_would_show_a_circle_added_to_the_package(tmp_path):
     """A copy of the package where decoding/cache.py imports tfgpt2.sample inside a function
-    (sample -> decoding.loop -> decoding.cache -> sample): the test above would fail on it."""
+    (sample -> decoding.generator -> decoding.cache -> sample): the test above would fail on it."""
     import shutil
     copy = tmp_path / "tfgpt2"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("assets", "__pycache__"))

@@ -134,7 +134,8 @@ def test_bad_input_is_named(small, tmp_path):
         litert.decode(4, n_ctx, cache)
     with pytest.raises(ValueError, match=r"token ids must be in \[0, n_vocab=50257\); got \[50257\]"):
         litert.decode(50257, 3, cache)
-    with pytest.raises(ValueError, match=f"prompt tokens \\+ length .* must be <= n_ctx={n_ctx}"):
+    with pytest.raises(ValueError, match=rf"prompt of 60 tokens \+ length 10 - 1"
+                       rf" exceeds the context window n_ctx={n_ctx}"):
         generate_litert(litert, [[1] * 60], 10)
     raw = litert._decode(input_ids=np.array([[4]], np.int32), position=np.array(n_ctx, np.int32), **cache)
     assert np.isnan(raw["logits"]).all()

@@ -16,8 +16,8 @@ from tfgpt2.model import Conv1D
 from tfgpt2.decoding import layouts
 from tfgpt2.decoding.cache import call_with_cache, empty_cache, project
 from tfgpt2.decoding.layouts import SPLIT_K, transpose_pays
-from tfgpt2.decoding.loop import Generator, generator_for
-from tfgpt2.decoding.plan import plan
+from tfgpt2.decoding.generator import Generator, generator_for
+from tfgpt2.decoding.buckets import bucket_sizes
 from tfgpt2 import sample as sample_module
 from tfgpt2.sample import choose, generate, sample_sequence, top_k_logits, top_p_logits
 
@@ -159,7 +159,7 @@ def loop_args(model, batch, longest, length, *, prompt=None, seed=0):
     (ones, or `prompt` [batch, prompt_len]) and `length` new ones, sampled at temperature 1, top_k
     0, top_p 1: (prompt_len, the generator, the arguments)."""
     generator = generator_for(model, choose)
-    prompt_len, total = (int(n) for n in plan(longest, length, model.hparams.n_ctx))
+    prompt_len, total = (int(n) for n in bucket_sizes(longest, length, model.hparams.n_ctx))
     prompt = tf.ones([batch, prompt_len], tf.int32) if prompt is None else prompt
     return prompt_len, generator, (
         generator.weights_for(length, batch), prompt, tf.zeros([batch], tf.int32), tf.zeros([batch, total], tf.int32),
@@ -285,7 +285,7 @@ def test_a_one_token_prompt_compiles_the_loop_alone(tiny, loop_graph):
     program holds the blocks once, in the loop (a longer prompt adds its own pass over them, as
     many products again), which lowers the compile time and the peak memory of unconditional
     sampling."""
-    one_len, five_len = (int(plan(longest, 40, tiny.hparams.n_ctx)[0]) for longest in (1, 5))
+    one_len, five_len = (int(bucket_sizes(longest, 40, tiny.hparams.n_ctx)[0]) for longest in (1, 5))
     one, five = len(products(loop_graph(1, 1))), len(products(loop_graph(1, 5)))
     assert one_len == 1 and five_len > 1 and one > 0 and five == 2 * one, (one, five)
 
@@ -546,29 +546,34 @@ def test_seed_reproducible_and_seeds_differ(tiny):
 # ---- bad input ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("prompts, length, kwargs, message", [
-    ([[1, 50257]], 4, {}, r"token ids must be in \[0, n_vocab=50257\); got \[50257\]"),
-    ([[1], [-3]], 4, {}, r"token ids must be in \[0, n_vocab=50257\); got \[-3\]"),
-    ([[1] * 65], 6, {}, r"prompt tokens \+ length \(max_new_tokens\) - 1 must be <= n_ctx=64; .*got 65, 6"),
-    ([[1] * 65], 2**31 - 1, {}, r"must be <= n_ctx=64; .*got 65, 2147483647"),
-    ([[1, 2]], 2**31, {}, r"length \(max_new_tokens\) must be < 2\*\*31, got 2147483648"),
-    ([[1, 2]], 2**40, {}, r"must be < 2\*\*31"),
-    ([[1]], 0, {}, r"length \(max_new_tokens\) must be >= 1"),
-    ([[1]], 3.7, {}, r"length must be an integer, got 3.7"),
+    ([[1, 50257]], 4, {}, r"prompt 0: token ids must be in \[0, n_vocab=50257\), got \[50257\]"),
+    ([[1], [-3]], 4, {}, r"prompt 1: token ids must be in \[0, n_vocab=50257\), got \[-3\]"),
+    ([[1] * 65], 6, {}, r"prompt of 65 tokens exceeds the context window n_ctx=64"),
+    ([[1] * 65], 2**31 - 1, {}, r"prompt of 65 tokens exceeds the context window n_ctx=64"),
+    ([[1, 2]], 2**31, {}, r"length must be an integer in \[1, 2\*\*31\), got 2147483648"),
+    ([[1, 2]], 2**40, {}, r"length must be an integer in \[1, 2\*\*31\)"),
+    ([[1]], 0, {}, r"length must be an integer in \[1, 2\*\*31\), got 0"),
+    ([[1]], 3.7, {}, r"length must be an integer in \[1, 2\*\*31\), got 3.7"),
     ([[]], 3, {}, r"at least one token"),
     ([], 3, {}, r"non-empty list"),
     ([[1.7, 2.2]], 3, {}, r"prompt 0: token ids must be a flat list of integers, got dtype float64"),
     ([[1], [[2]]], 3, {}, r"prompt 1: token ids must be a flat list of integers"),
-    ([[1]], 3, {"top_k": -1}, r"top_k must be >= 0"),
-    ([[1]], 3, {"top_k": 2.5}, r"top_k must be an integer, got 2.5"),
-    ([[1]], 3, {"top_p": 1.5}, r"top_p must be in \[0, 1\]"),
-    ([[1]], 3, {"top_p": float("nan")}, r"top_p must be in \[0, 1\]; got nan"),
-    ([[1]], 3, {"temperature": -1}, r"temperature must be a finite number >= 0"),
-    ([[1]], 3, {"temperature": float("nan")}, r"temperature must be a finite number >= 0; got nan"),
-    ([[1]], 3, {"temperature": float("inf")}, r"temperature must be a finite number >= 0; got inf"),
-    ([[1]], 3, {"temperature": "hot"}, r"temperature must be a number"),
-    ([[1]], 3, {"seed": 2**70}, r"seed must be in \[0, 9223372036854775808\)"),
-    ([[1]], 3, {"seed": -1}, r"seed must be in \[0, "),
-    ([[1]], 3, {"seed": 1.5}, r"seed must be an integer"),
+    ([[1]], 3, {"top_k": -1}, r"top_k must be an integer in \[0, 2\*\*31\), got -1"),
+    ([[1]], 3, {"top_k": 2.5}, r"top_k must be an integer in \[0, 2\*\*31\), got 2.5"),
+    ([[1]], 3, {"top_k": 2**31}, r"top_k must be an integer in \[0, 2\*\*31\), got 2147483648"),
+    ([[1]], 3, {"top_p": 1.5}, r"top_p must be a number in \[0, 1\], got 1.5"),
+    ([[1]], 3, {"top_p": float("nan")}, r"top_p must be a number in \[0, 1\], got nan"),
+    ([[1]], 3, {"temperature": -1}, r"temperature must be a finite number >= 0, got -1"),
+    ([[1]], 3, {"temperature": float("nan")}, r"temperature must be a finite number >= 0, got nan"),
+    ([[1]], 3, {"temperature": float("inf")}, r"temperature must be a finite number >= 0, got inf"),
+    ([[1]], 3, {"temperature": "hot"}, r"temperature must be a finite number >= 0, got 'hot'"),
+    ([[1]], 3, {"seed": 2**70}, r"seed must be an integer in \[0, 2\*\*63\), got 1180591620717411303424"),
+    ([[1]], 3, {"seed": 2**63}, r"seed must be an integer in \[0, 2\*\*63\), got 9223372036854775808"),
+    ([[1]], 3, {"seed": -1}, r"seed must be an integer in \[0, 2\*\*63\), got -1"),
+    ([[1]], 3, {"seed": 1.5}, r"seed must be an integer in \[0, 2\*\*63\), got 1.5"),
+    ([[1]], 3, {"stop_at_eot": "yes"}, r"stop_at_eot must be true or false, got 'yes'"),
+    ([[1]], 3, {"eot": 50257}, r"eot must be a token id in \[0, n_vocab=50257\), got 50257"),
+    ([[1]], 3, {"chunk": 0}, r"chunk must be an integer in \[1, 2\*\*31\), got 0"),
 ])
 def test_bad_input(tiny, prompts, length, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -591,7 +596,7 @@ def test_sample_sequence_api(tiny, monkeypatch):
         sample_sequence(model=tiny, length=4, start_token=50256)
     with pytest.raises(ValueError, match="prompt 0: token ids must be a flat list of integers"):
         sample_sequence(model=tiny, length=4, context=[[1.7, 2.2]])
-    with pytest.raises(ValueError, match="length must be an integer, got 3.7"):
+    with pytest.raises(ValueError, match=r"length must be an integer in \[1, 2\*\*31\), got 3.7"):
         sample_sequence(model=tiny, length=3.7, context=[[1]])
 
 
@@ -606,7 +611,7 @@ def test_sample_sequence_generates(tiny):
         sample_sequence(model=tiny, length=4)
     with pytest.raises(ValueError, match="prompt 0: token ids must be a flat list of integers"):
         sample_sequence(model=tiny, length=4, context=[[1.7, 2.2]])
-    with pytest.raises(ValueError, match="length must be an integer, got 3.7"):
+    with pytest.raises(ValueError, match=r"length must be an integer in \[1, 2\*\*31\), got 3.7"):
         sample_sequence(model=tiny, length=3.7, context=[[1]])
 
 
@@ -614,9 +619,9 @@ def test_refused_request_returns_at_once(tiny, monkeypatch):
     """An overflowing length is refused before anything is planned, allocated or compiled."""
     def never(*args, **kwargs):
         raise AssertionError("reached after the checks")
-    for name in ("plan", "generator_for"):
+    for name in ("bucket_sizes", "generator_for"):
         monkeypatch.setattr(sample_module, name, never)
-    with pytest.raises(ValueError, match=r"must be < 2\*\*31"):
+    with pytest.raises(ValueError, match=r"length must be an integer in \[1, 2\*\*31\), got 2147483648"):
         generate(tiny, [[10, 20]], 2**31)
 
 

@@ -469,8 +469,11 @@ def check_past(past, batch, hparams):
 
 
 def in_vocabulary(X, n_vocab):
-    """Where the token ids X are in [0, n_vocab): the one rule for a valid id."""
-    return tf.logical_and(X >= 0, X < tf.cast(n_vocab, X.dtype))
+    """Where the token ids X (a tensor, an array or an int) are in [0, n_vocab): the one rule
+    for a valid id."""
+    if tf.is_tensor(X):
+        return tf.logical_and(X >= 0, X < tf.cast(n_vocab, X.dtype))
+    return (np.asarray(X) >= 0) & (np.asarray(X) < n_vocab)
 
 
 def check_inputs(X, positions, hparams):
@@ -530,7 +533,7 @@ class GPT2(keras.Model):
         self.h = [Block(hparams=self.hparams, initialize=initialize, name=f"h{layer}", dtype=self.dtype_policy)
                   for layer in range(self.hparams.n_layer)]
         self.ln_f = Norm(self.hparams.n_embd, name="ln_f", dtype=self.dtype_policy)
-        # compiled generation loops for this model (`tfgpt2.decoding.loop.generator_for`),
+        # compiled generation loops for this model (`tfgpt2.decoding.generator.generator_for`),
         # freed with it, as Keras keeps `predict_function` on the model
         self.generators = {}
         self.lora = None  # `enable_lora`'s arguments, once enabled

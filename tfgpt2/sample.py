@@ -8,14 +8,13 @@ once per prompt. Nothing here sorts the vocabulary: on a CPU a sort of 50,257 lo
 about 10 ms per row, so the k-th largest logit and the nucleus threshold are found by
 bisection, and tokens are drawn by inverse CDF.
 """
-import numbers
-
 import numpy as np
 import tensorflow as tf
 
-from .decoding.controls import aligned_stops, check_controls
-from .decoding.loop import generator_for
-from .decoding.plan import check_request, integer, plan, prompt_rows, real
+from .decoding.buckets import bucket_sizes
+from .decoding.controls import aligned_stops
+from .decoding.generator import generator_for
+from .decoding.request import check_request, check_value, fits
 from .encoder import EOT_TOKEN
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
@@ -161,56 +160,45 @@ def generate(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, see
     This is the `model.generate` of the issue tracker and of other libraries.
     """
     hp = model.hparams
-    prompts = prompt_rows(prompts)
-    length = integer("length", length)
-    top_k = integer("top_k", top_k)
-    temperature, top_p = real("temperature", temperature), real("top_p", top_p)
-    seed = np.random.randint(2**31) if seed is None else integer("seed", seed, low=0, high=2**63)
-    eot = integer("eot", eot, low=0, high=hp.n_vocab)
-    chunk = integer("chunk", chunk, low=1)
-    keep = hp.n_ctx // 2 if context_keep is None else integer("context_keep", context_keep, low=1, high=hp.n_ctx)
-    lengths = np.array([len(p) for p in prompts])
-    longest = int(lengths.max(initial=0))
-    ids = np.zeros([len(prompts), max(longest, 1)], np.int64)
-    for row, p in enumerate(prompts):
-        ids[row, :len(p)] = p
-    window = length if longest > hp.n_ctx else min(length, hp.n_ctx + 1 - longest)  # new tokens before a slide
-    check_request(tf.constant(ids), tf.constant(lengths, tf.int32), tf.constant(min(max(window, -2**31), 2**31 - 1)),
-                  tf.constant(temperature, tf.float32), tf.constant(min(top_k, 2**31 - 1)),
-                  tf.constant(top_p, tf.float32), hparams=hp)
-    if length >= 2**31:
-        raise ValueError(f"length (max_new_tokens) must be < 2**31, got {length}")
-    controls = _controls(hp.n_vocab, len(prompts), logit_bias=logit_bias, repetition_penalty=repetition_penalty,
-                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, min_p=min_p,
-                         stop=stop)
-    options = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32),
-               tf.constant(seed, tf.int64), tf.constant(eot, tf.int32), tf.constant(bool(stop_at_eot)),
-               (top_k != 0, top_p < 1)) + ((controls,) if controls else ())
+    request = check_request(
+        prompts, length, n_vocab=hp.n_vocab, n_ctx=hp.n_ctx,
+        context_keep=(hp.n_ctx // 2 or None) if context_keep is None else context_keep, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, stop_at_eot=stop_at_eot, eot=eot, logit_bias=logit_bias,
+        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, min_p=min_p, stop=stop)
+    chunk = check_value("chunk", chunk)
+    prompts, length = request.prompts, request.length
+    options = _options(request.sampling, hp.n_vocab, len(prompts))
+    held = int(options[7]["stop"].shape[-1]) - 1 if len(options) > 7 and "stop" in options[7] else 0
     generator = generator_for(model, choose, jit_compile=jit_compile)
-    held = int(controls["stop"].shape[-1]) - 1 if "stop" in controls else 0
-    if window < length:
-        pieces = _sliding(generator, prompts, length, keep, options, chunk if stream or progress else length,
-                          progress)
-        if stream:
-            return _streamed(pieces, held)
-        for rows, _, _ in pieces:
-            pass
-        return [np.concatenate([p.astype(np.int32), r]) for p, r in zip(prompts, rows)]
+    if fits(max(map(len, prompts)), length, hp.n_ctx):
+        return _in_window(generator, prompts, length, hp.n_ctx, options, chunk, progress, held if stream else None)
+    pieces = _sliding(generator, prompts, length, request.context_keep, options,
+                      chunk if stream or progress else length, progress)
+    if stream:
+        return _streamed(pieces, held)
+    for rows, _, _ in pieces:
+        pass
+    return [np.concatenate([p.astype(np.int32), r]) for p, r in zip(prompts, rows)]
 
-    prompt_len, total = (int(n) for n in plan(longest, length, hp.n_ctx))
+
+def _in_window(generator, prompts, length, n_ctx, options, chunk, progress, held):
+    """`generate` of a request that fits the window: each row its prompt + new tokens, or, where
+    `held` is not None (stream=True), an iterator of pieces (`_streamed`)."""
+    prompt_len, total = (int(n) for n in bucket_sizes(max(map(len, prompts)), length, n_ctx))
     padded, pad = _padded(prompts, prompt_len)
     args = (generator.weights_for(length, len(prompts)), padded, pad, tf.zeros([len(prompts), total], tf.int32))
-    cut = lambda tokens, new: [tokens[row, prompt_len - len(p):prompt_len + new[row]]  # noqa: E731
-                               for row, p in enumerate(prompts)]
-    if stream:
+    if held is not None:
         return _streamed(_rows(_pieces(generator, args, prompt_len, length, chunk, options, progress), prompt_len),
                          held)
     if progress is None:
         tokens, new = generator.generate_padded(*args, tf.constant(length), *options)
-        return cut(tokens.numpy(), new.numpy())
-    for state, _ in _pieces(generator, args, prompt_len, length, chunk, options, progress):
-        pass
-    return cut(state["tokens"].numpy(), state["lengths"].numpy())
+    else:
+        for state, _ in _pieces(generator, args, prompt_len, length, chunk, options, progress):
+            pass
+        tokens, new = state["tokens"], state["lengths"]
+    tokens, new = tokens.numpy(), new.numpy()
+    return [tokens[row, prompt_len - len(p):prompt_len + new[row]] for row, p in enumerate(prompts)]
 
 
 def _padded(prompts, prompt_len):
@@ -258,7 +246,7 @@ def _sliding(generator, prompts, length, keep, options, chunk, progress):
         longest = max(map(len, rows))
         window = n_ctx + 1 - longest
         count = min(window, length - step)
-        prompt_len, total = (int(n) for n in plan(longest, window, n_ctx))
+        prompt_len, total = (int(n) for n in bucket_sizes(longest, window, n_ctx))
         padded, pad = _padded(rows, prompt_len)
         args = (generator.weights_for(window, batch), padded, pad, tf.zeros([batch, total], tf.int32))
         told = None if progress is None else lambda i, step=step: progress(step + i)
@@ -301,47 +289,30 @@ def _streamed(pieces, held):
         sent = ready
 
 
-def _controls(n_vocab, batch, *, logit_bias, repetition_penalty, presence_penalty, frequency_penalty, min_p, stop):
-    """The controls a request uses, as the loop takes them (`decoding.controls`), once checked
-    (ValueError naming the argument)."""
+def _options(sampling, n_vocab, batch):
+    """The loop's options for checked sampling values (`request.check_sampling`): temperature,
+    top_k, top_p, seed, eot, stop_at_eot, the filters `choose` may leave out (top_k 0, top_p 1)
+    and, where the request uses any, the controls as the loop takes them (`decoding.controls`)."""
     controls = {}
-    if logit_bias:
-        if not hasattr(logit_bias, "items"):
-            raise ValueError(f"logit_bias must be a mapping of token id to value, got {type(logit_bias).__name__}")
+    if sampling["logit_bias"]:
         bias = np.zeros([n_vocab], np.float32)
-        for token, value in logit_bias.items():
-            bias[integer("logit_bias token id", token, low=0, high=n_vocab)] = real("logit_bias value", value)
+        bias[list(sampling["logit_bias"])] = list(sampling["logit_bias"].values())
         controls["bias"] = tf.constant(np.tile(bias, [batch, 1]))
-    named = dict(repetition=("repetition_penalty", repetition_penalty, 1.0),
-                 presence=("presence_penalty", presence_penalty, 0.0),
-                 frequency=("frequency_penalty", frequency_penalty, 0.0), min_p=("min_p", min_p, 0.0))
-    values = {key: real(name, value) for key, (name, value, _) in named.items()}
-    for key, (_, _, off) in named.items():
-        if not values[key] == off:  # NaN included, to be refused
-            controls[key] = tf.fill([batch], values[key])
-    if {"presence", "frequency"} & set(controls):  # one control in the loop, as OpenAI's formula
-        controls.update((key, tf.fill([batch], values[key])) for key in ("presence", "frequency"))
-    if stop:
-        controls["stop"] = _stops(stop, n_vocab, batch)
-    check_controls(controls, n_vocab)
-    if "stop" in controls:
-        controls["stop"] = aligned_stops(controls["stop"])
-    return controls
-
-
-def _stops(stop, n_vocab, batch):
-    """Stop sequences (token lists) as [batch, S, L] padded with -1, as `check_controls` takes them."""
-    if isinstance(stop, (str, bytes)) or not hasattr(stop, "__len__"):
-        raise ValueError("stop must be a list of token lists (encode strings with the encoder)")
-    rows = []
-    for n, sequence in enumerate(stop):
-        if isinstance(sequence, (str, bytes, numbers.Number)) or not hasattr(sequence, "__len__") or not len(sequence):
-            raise ValueError(f"stop sequence {n} must be a non-empty list of token ids, got {sequence!r}")
-        rows.append([integer(f"stop sequence {n} token id", t, low=0, high=n_vocab) for t in sequence])
-    dense = np.full([len(rows), max(map(len, rows))], -1, np.int32)
-    for n, row in enumerate(rows):
-        dense[n, :len(row)] = row
-    return tf.constant(np.tile(dense[None], [batch, 1, 1]))
+    off = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0)
+    used = {field for field, value in off.items() if sampling[field] != value}
+    if {"presence_penalty", "frequency_penalty"} & used:  # one control in the loop, as OpenAI's formula
+        used |= {"presence_penalty", "frequency_penalty"}
+    controls.update((field.replace("_penalty", ""), tf.fill([batch], sampling[field])) for field in used)
+    if sampling["stop"]:
+        dense = np.full([len(sampling["stop"]), max(map(len, sampling["stop"]))], -1, np.int32)
+        for n, sequence in enumerate(sampling["stop"]):
+            dense[n, :len(sequence)] = sequence
+        controls["stop"] = aligned_stops(tf.constant(np.tile(dense[None], [batch, 1, 1])))
+    top_k, top_p = sampling["top_k"], sampling["top_p"]
+    return (tf.constant(sampling["temperature"], tf.float32), tf.constant(top_k, tf.int32),
+            tf.constant(top_p, tf.float32), tf.constant(sampling["seed"], tf.int64),
+            tf.constant(sampling["eot"], tf.int32), tf.constant(sampling["stop_at_eot"]),
+            (top_k != 0, top_p < 1)) + ((controls,) if controls else ())
 
 
 def sample_sequence(*, model, length, start_token=None, batch_size=None, context=None,
@@ -357,7 +328,7 @@ def sample_sequence(*, model, length, start_token=None, batch_size=None, context
     if (start_token is None) == (context is None):
         raise ValueError("Specify exactly one of start_token and context!")
     if start_token is not None:
-        batch_size = integer("batch_size", batch_size, low=1) if batch_size is not None else None
+        batch_size = check_value("batch_size", batch_size) if batch_size is not None else None
         if batch_size is None:
             raise ValueError("start_token needs batch_size")
         context = [[start_token]] * batch_size

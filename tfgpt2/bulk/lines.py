@@ -1,60 +1,44 @@
 """The JSONL plan of bulk generation: each line read and checked, and the batches to generate.
 
 Each input line is a JSON object with a "prompt" (text; other keys are ignored, blank lines
-skipped), and, optionally, generation controls of its own (`FIELDS`) over the command's flags.
+skipped), and, optionally, generation controls of its own (`FIELDS`) over the command's flags,
+checked by the request rules (`decoding.request`) as the flags and the library are.
 
-Batches: prompts are grouped by the generator's length bucket (`decoding.plan.bucket` of
+Batches: prompts are grouped by the generator's length bucket (`decoding.buckets.bucket` of
 their token count) and their controls, and cut, in line order, into batches of `batch_size`;
 a line with its own "seed" is a batch alone. Batch b of the plan (counted from 0, in the
-order of the controls, then smallest bucket first) samples with seed + b. The plan depends
+order of the controls, then smallest bucket first) samples with seed + b (wrapped into the
+seed's range: `decoding.request.batch_seed`). The plan depends
 only on the input and `batch_size`, so a rerun, a resumed run and any number of workers give
 each line the same text.
 """
 import io
 import json
-import math
 
-from ..decoding.plan import bucket, fits
+from ..decoding.buckets import bucket
+from ..decoding.request import check_sampling, check_window
 
-
-def _number(value, low=-math.inf, high=math.inf, *, above=False):
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and (value > low if above else value >= low) and value <= high)
-
-
-def _integer(value, low, high):
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "presence_penalty",
+          "frequency_penalty", "logit_bias", "stop", "stop_at_eot")  # what a line may set over the flags
+NAMES = {field: f"field {field!r}" for field in FIELDS} | {"prompts": "prompt", "length": "--length"}
+"""The request's fields as the messages name them (the request rules', `decoding.request`)."""
 
 
-FIELDS = {  # a line's control: (what its value must be, the check, given n_vocab)
-    "temperature": ("a number >= 0", lambda v, _: _number(v, 0)),
-    "top_k": ("an integer >= 0", lambda v, _: _integer(v, 0, 2**31 - 1)),
-    "top_p": ("a number in [0, 1]", lambda v, _: _number(v, 0, 1)),
-    "min_p": ("a number in [0, 1]", lambda v, _: _number(v, 0, 1)),
-    "seed": ("an integer in [0, 2**32)", lambda v, _: _integer(v, 0, 2**32 - 1)),
-    "repetition_penalty": ("a number > 0", lambda v, _: _number(v, 0, above=True)),
-    "presence_penalty": ("a number >= 0", lambda v, _: _number(v, 0)),
-    "frequency_penalty": ("a number >= 0", lambda v, _: _number(v, 0)),
-    "stop_at_eot": ("true or false", lambda v, _: isinstance(v, bool)),
-    "stop": ("a list of non-empty strings", lambda v, _: isinstance(v, list) and all(isinstance(t, str) and t
-                                                                                    for t in v)),
-    "logit_bias": ("an object of token ids below n_vocab to numbers (-100 or less bans)",
-                   lambda v, n_vocab: isinstance(v, dict) and all(
-                       k.isdigit() and int(k) < n_vocab and (_number(x) or x == -math.inf) for k, x in v.items())),
-}
-
-
-def line_controls(row, n_vocab):
-    """The control fields of an input line (`FIELDS`), checked, as sorted (field, value) pairs:
-    lines with equal pairs may share a batch. Raises ValueError naming the field."""
+def line_controls(row):
+    """The sampling fields of an input line (`FIELDS`) as sorted (field, value) pairs: lines with
+    equal pairs may share a batch. Raises ValueError for a field of the wrong JSON type ("stop"
+    a list of texts, "logit_bias" an object with token ids as keys); their values are the
+    request rules' to check (`problem`)."""
     fields = []
     for name in sorted(set(row) & set(FIELDS)):
-        what, ok = FIELDS[name]
-        if not ok(row[name], n_vocab):
-            raise ValueError(f"field {name!r} must be {what}, got {json.dumps(row[name])}")
         value = row[name]
+        if name == "stop" and not (isinstance(value, list) and all(isinstance(t, str) and t for t in value)):
+            raise ValueError(f"field 'stop' must be a list of non-empty strings, got {json.dumps(value)}")
         if name == "logit_bias":
-            value = tuple(sorted((int(k), float(x)) for k, x in value.items()))
+            if not isinstance(value, dict) or not all(k.isdigit() for k in value):
+                raise ValueError("field 'logit_bias' must be an object of token ids (strings of digits) to numbers, "
+                                 f"got {json.dumps(value)}")
+            value = tuple(sorted((int(k), x) for k, x in value.items()))
         fields.append((name, tuple(value) if name == "stop" else value))
     return tuple(fields)
 
@@ -94,22 +78,21 @@ def read_prompts(stream):
             yield n, row
 
 
-def problem(row, tokens, *, n_ctx, length, n_vocab, context_keep):
-    """What is wrong with a line (`read_prompts`' object or error, and the prompt's tokens),
-    as text, or its controls (`line_controls`) where nothing is."""
+def problem(row, tokens, enc, *, n_ctx, length, n_vocab, context_keep):
+    """What is wrong with a line (`read_prompts`' object or error, and the prompt's tokens), as
+    the request rules say it (`decoding.request`), or its controls (`line_controls`) where
+    nothing is."""
     if isinstance(row, ValueError):
         return str(row), None
     if not tokens:
         return "empty prompt", None
-    if context_keep is not None and len(tokens) > n_ctx:
-        return f"prompt of {len(tokens)} tokens exceeds the context window n_ctx={n_ctx}", None
-    if context_keep is None and not fits(len(tokens), length, n_ctx):
-        return f"prompt of {len(tokens)} tokens + --length {length} - 1 exceeds the context window n_ctx={n_ctx}", \
-            None
     try:
-        return None, line_controls(row, n_vocab)
+        check_window(len(tokens), length, n_ctx, context_keep=context_keep, names=NAMES)
+        fields = line_controls(row)
+        check_sampling(n_vocab, names=NAMES, **line_keywords(fields, enc))
     except ValueError as e:
         return str(e), None
+    return None, fields
 
 
 def plan_batches(lines, enc, *, n_ctx, length, n_vocab, batch_size, context_keep=None):
@@ -121,7 +104,8 @@ def plan_batches(lines, enc, *, n_ctx, length, n_vocab, batch_size, context_keep
     for n, row in lines:
         prompt = None if isinstance(row, ValueError) else row["prompt"]
         tokens = [] if prompt is None else enc.encode(prompt)
-        wrong, fields = problem(row, tokens, n_ctx=n_ctx, length=length, n_vocab=n_vocab, context_keep=context_keep)
+        wrong, fields = problem(row, tokens, enc, n_ctx=n_ctx, length=length, n_vocab=n_vocab,
+                                context_keep=context_keep)
         if wrong is not None:
             bad.append((n, wrong))
             continue

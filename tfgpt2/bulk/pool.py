@@ -15,6 +15,7 @@ import time
 
 from ..formats.files import replacing
 from ..sample import generate
+from ..decoding.request import batch_seed
 from .lines import line_keywords
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines
@@ -96,7 +97,8 @@ def generate_batches(args, model, enc, length, batches, done, keywords, note, wo
         context = [t for _, _, t, _ in rows]
         if len(rows) > 1 or "seed" not in dict(rows[0][3]):  # one compiled shape per bucket
             context += [context[0]] * (args.batch_size - len(context))
-        out = generate(model, context, length, **{**keywords, "seed": args.seed + b, **line_keywords(rows[0][3], enc)})
+        out = generate(model, context, length,
+                       **{**keywords, "seed": batch_seed(args.seed, b), **line_keywords(rows[0][3], enc)})
         new = [(n, prompt, out[i][len(t):].tolist()) for i, (n, prompt, t, _) in enumerate(rows) if n not in done]
         append(args.output, [dict(line=n, prompt=prompt, text=enc.decode(ids), tokens=ids) for n, prompt, ids in new])
         prompts += len(new)

@@ -29,16 +29,14 @@ def ranged(kind, low, high=None, *, above=False):
 
 
 def token_value(text):
-    """An argparse type: ID=VALUE, a token id and a number (-inf allowed), as (id, value)."""
+    """An argparse type: ID=VALUE, a token id and a number (-inf allowed), as (id, value); their
+    ranges are the request rules' (`decoding.request`)."""
     token, _, value = text.partition("=")
     try:
-        token, value = int(token), float(value)
+        return int(token), float(value)
     except ValueError:
-        token = None
-    if token is None or token < 0 or math.isnan(value) or value == math.inf:
-        raise argparse.ArgumentTypeError(f"must be TOKEN_ID=VALUE (a token id, a number or -inf), got {text!r}")
-    return token, value
-
+        raise argparse.ArgumentTypeError(f"must be TOKEN_ID=VALUE (a token id, a number or -inf), got {text!r}") \
+            from None
 
 
 def checked(check):

@@ -3,6 +3,7 @@ model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loa
 one batch, printing a sample, and ending without a traceback."""
 import argparse
 import codecs
+import inspect
 import signal
 import sys
 import time
@@ -73,13 +74,27 @@ def model_dir(args):
     return model_folder(args.model_name, args.models_dir, args.model_dir)
 
 
+SAMPLING_HELP = {  # the sampling flags; their types, ranges and defaults are the library's (`decoding.request`)
+    "temperature": "lower is less random, 0 is greedy, higher more random (default 1)",
+    "top_k": "sample from the k most likely tokens at each step; 0 (default) means no limit, 40 is a good value",
+    "top_p": "nucleus sampling: from the most likely tokens whose probabilities add up to p; "
+             "1 (default) means no limit",
+    "min_p": "keep the tokens at least min_p times as likely as the most likely one (after top-k and top-p); "
+             "0 (default) keeps all, 0.05 to 0.1 are usual",
+    "repetition_penalty": "CTRL's penalty on every token of the prompt and the sample so far: 1 (default) is off, "
+                          "1.2 a usual value",
+    "presence_penalty": "OpenAI's: subtracted from the logit of each token the sample already has (default 0)",
+    "frequency_penalty": "OpenAI's: subtracted from a token's logit once per time the sample has it (default 0)",
+}
+
+
 def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsamples_help=None, length_help):
     """The original scripts' flags (as --flag value or --flag=value), plus --stop_at_eot;
     --nsamples only where `nsamples` has a default."""
     p = Parser(prog=prog, description=description,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(p)
-    p.add_argument("--seed", type=ranged(int, 0, 2**32 - 1),
+    p.add_argument("--seed", type=int,
                    help="fix it to reproduce the samples (default: random); they depend on --batch_size "
                         "too, so keep it the same")
     if nsamples is not None:
@@ -87,30 +102,16 @@ def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsample
     p.add_argument("--batch_size", type=ranged(int, 1), default=1,
                    help="samples generated at once: more is faster per sample and takes more memory; "
                         "with --seed another batch size gives other samples (default 1)")
-    p.add_argument("--length", type=ranged(int, 1), help=length_help)
-    p.add_argument("--temperature", type=ranged(float, 0), default=1.0,
-                   help="lower is less random, 0 is greedy, higher more random (default 1)")
-    p.add_argument("--top_k", type=ranged(int, 0), default=0,
-                   help="sample from the k most likely tokens at each step; 0 (default) means no limit, "
-                        "40 is a good value")
-    p.add_argument("--top_p", type=ranged(float, 0, 1), default=1.0,
-                   help="nucleus sampling: from the most likely tokens whose probabilities add up to p; "
-                        "1 (default) means no limit")
-    p.add_argument("--min_p", type=ranged(float, 0, 1), default=0.0,
-                   help="keep the tokens at least min_p times as likely as the most likely one (after top-k "
-                        "and top-p); 0 (default) keeps all, 0.05 to 0.1 are usual")
-    p.add_argument("--repetition_penalty", type=ranged(float, 0, above=True), default=1.0,
-                   help="CTRL's penalty on every token of the prompt and the sample so far: 1 (default) is off, "
-                        "1.2 a usual value")
-    p.add_argument("--presence_penalty", type=ranged(float, 0), default=0.0,
-                   help="OpenAI's: subtracted from the logit of each token the sample already has (default 0)")
-    p.add_argument("--frequency_penalty", type=ranged(float, 0), default=0.0,
-                   help="OpenAI's: subtracted from a token's logit once per time the sample has it (default 0)")
+    p.add_argument("--length", type=int, help=length_help)
+    from ..decoding.request import RANGES, check_sampling
+    library = inspect.signature(check_sampling).parameters
+    for field, text in SAMPLING_HELP.items():
+        p.add_argument("--" + field, type=RANGES[field].kind, default=library[field].default, help=text)
     p.add_argument("--logit_bias", type=token_value, action="append", metavar="TOKEN_ID=VALUE",
                    help="add VALUE to the token's logit; -100 or -inf bans it (repeat the flag for more tokens)")
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a sample where it generates TEXT's tokens, leaving them out (repeat the flag for more)")
-    p.add_argument("--context_keep", type=ranged(int, 1), metavar="TOKENS",
+    p.add_argument("--context_keep", type=int, metavar="TOKENS",
                    help="let --length go past the model's window: when it is full, go on from the last TOKENS "
                         "tokens (below n_ctx; n_ctx // 2 is usual). Default: refuse such a --length")
     p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
@@ -120,29 +121,25 @@ def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsample
     return p
 
 
+FLAGS = {field: "--" + field for field in (
+    "length", "context_keep", "temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "logit_bias", "stop")} | {"prompts": "--prompt"}
+"""The request's fields as the flags name them, for the request rules' messages (`decoding.request`)."""
+
+
 def load(args, default_length):
     """The model, its encoder and the number of tokens to generate (`default_length(n_ctx)`
-    without --length). Exits with a message for a length over n_ctx (without --context_keep),
-    a --context_keep not below it or an unusable folder."""
+    without --length). Exits with a message for a bad flag (`check_flags`) or an unusable folder."""
     try:
         folder = model_dir(args)
-        n_ctx = load_hparams(folder).n_ctx
-        check_window(args, n_ctx)
-        from ..formats.checkpoint import load_model
+        hparams = load_hparams(folder)
         enc = encoder_of(folder)
+        check_flags(args, enc, hparams.n_vocab, hparams.n_ctx)
+        from ..formats.checkpoint import load_model
         model = load_model(folder, dtype=args.dtype)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
-    return model, enc, default_length(n_ctx) if args.length is None else args.length
-
-
-def check_window(args, n_ctx):
-    """Exits where --length does not fit the window n_ctx (without --context_keep) or
-    --context_keep is not below it."""
-    if args.context_keep is None and args.length is not None and args.length > n_ctx:
-        sys.exit(f"Can't get samples longer than window size: {n_ctx}")
-    if args.context_keep is not None and args.context_keep >= n_ctx:
-        sys.exit(f"error: --context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
+    return model, enc, default_length(hparams.n_ctx) if args.length is None else args.length
 
 
 def load_litert(args, default_length):
@@ -152,23 +149,38 @@ def load_litert(args, default_length):
         from ..formats.litert import LiteRTModel
         model = LiteRTModel(args.litert)
         enc = encoder_of(args.model_dir or model_path(args.model_name, args.models_dir))
+        check_flags(args, enc, model.n_vocab, model.n_ctx)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
-    check_window(args, model.n_ctx)
     return model, enc, default_length(model.n_ctx) if args.length is None else args.length
 
 
-def controls(args, enc, n_vocab):
-    """The generation controls of the flags, as `tfgpt2.generate` takes them; exits with a
-    message naming a flag whose value the model cannot use."""
-    bias = dict(args.logit_bias or [])
-    if any(token >= n_vocab for token in bias):
-        sys.exit(f"error: --logit_bias: token ids must be below n_vocab={n_vocab}, got {max(bias)}")
+def check_flags(args, enc, n_vocab, n_ctx, *, window=True):
+    """The generation flags checked by the request rules (`decoding.request`), before a model is
+    loaded: ValueError naming the first bad flag. With `window`, the original scripts' rule too
+    (exiting with their message): without --context_keep, --length is at most n_ctx."""
+    from ..decoding.request import check_sampling, check_value, check_window, fits
+    if window and args.context_keep is None and args.length is not None and not fits(1, args.length, n_ctx):
+        sys.exit(f"Can't get samples longer than window size: {n_ctx}")
+    if args.length is not None:
+        check_value("length", args.length, FLAGS["length"])
+    if args.context_keep is not None:
+        check_window(1, 1, n_ctx, context_keep=args.context_keep, names=FLAGS)
     if "" in (args.stop or []):
-        sys.exit("error: --stop: the text is empty")
-    return dict(logit_bias=bias, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        raise ValueError("--stop: the text is empty")
+    check_sampling(n_vocab, names=FLAGS, **sampling(args, enc))
+
+
+def sampling(args, enc):
+    """The sampling flags as `tfgpt2.generate`'s keywords (--stop's texts encoded)."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                stop_at_eot=args.stop_at_eot, logit_bias=dict(args.logit_bias or []),
+                repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                 frequency_penalty=args.frequency_penalty, min_p=args.min_p,
-                stop=[enc.encode(text) for text in args.stop or []], context_keep=args.context_keep)
+                stop=[enc.encode(text) for text in args.stop or []])
+
+
+LITERT = ("temperature", "top_k", "top_p", "seed", "stop_at_eot")  # what --litert samples with
 
 
 def print_batch(model, enc, args, length, context, batch, first, count):
@@ -176,7 +188,7 @@ def print_batch(model, enc, args, length, context, batch, first, count):
     numbered from `first`, by the model or a LiteRT file's (`formats.litert.LiteRTModel`): the
     first one as it is generated (flushed every few tokens, a
     character split across tokens printed once whole), the others once the batch is done.
-    With --seed, batch number `batch` of the run uses seed + batch: batches differ, runs repeat.
+    With --seed, batch number `batch` of the run uses `batch_seed`: batches differ, runs repeat.
     Exits with a line saying so where the batch does not fit in memory."""
     import tensorflow as tf
     try:
@@ -187,20 +199,21 @@ def print_batch(model, enc, args, length, context, batch, first, count):
 
 
 def _print_batch(model, enc, args, length, context, batch, first, count):
+    from ..decoding.request import batch_seed
     from ..formats.litert import LiteRTModel, generate_litert
     from ..sample import sample_sequence
     rows = [[] for _ in range(args.batch_size)]
     with Progress(args.quiet).bar(length, unit="token", position=1) as bar:
-        sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=None if args.seed is None else args.seed + batch, stop_at_eot=args.stop_at_eot,
-                        progress=None if bar.disable else lambda n: bar.update(n - bar.n))
+        keywords = dict(sampling(args, enc), seed=None if args.seed is None else batch_seed(args.seed, batch))
+        told = None if bar.disable else lambda n: bar.update(n - bar.n)
         if isinstance(model, LiteRTModel):  # a LiteRT file: whole rows, no controls
-            out = generate_litert(model, [context] * args.batch_size, length, **sampling)
+            out = generate_litert(model, [context] * args.batch_size, length, progress=told,
+                                  **{k: keywords[k] for k in LITERT})
             pieces = [[row[len(context):] for row in out]]
         else:
             pieces = sample_sequence(model=model, length=length, context=[context] * args.batch_size,
-                                     stream=True, chunk=STREAM_EVERY, **sampling,
-                                     **controls(args, enc, model.hparams.n_vocab))
+                                     stream=True, chunk=STREAM_EVERY, progress=told,
+                                     context_keep=args.context_keep, **keywords)
 
         def first_row():  # each piece's first row, all rows kept on the way
             for piece in pieces:

@@ -47,15 +47,15 @@ def reference_src(path):
     return path
 
 
-def fits(tokens, length, n_ctx):
-    """Why the prompt and --length do not fit in n_ctx, or None."""
+def window_problem(tokens, length, n_ctx):
+    """Why the prompt and --length do not fit in n_ctx (the request rules' `check_window`), or None."""
+    from ..decoding.request import check_window
     if tokens == 0:
         return "--prompt: the prompt has no tokens; give at least one"
-    if tokens > n_ctx:
-        return f"--prompt: the prompt has {tokens} tokens, more than the model's n_ctx of {n_ctx}"
-    if tokens + length > n_ctx:
-        return (f"--length {length}: the prompt has {tokens} tokens and the model's n_ctx is {n_ctx}, "
-                f"so --length can be at most {n_ctx - tokens}")
+    try:
+        check_window(tokens, max(length, 1), n_ctx, names={"prompts": "--prompt", "length": "--length"})
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -73,7 +73,7 @@ def main(argv=None, prog="tfgpt2 compare"):
         where = f"--model_dir {args.model_dir}: " if args.model_dir else ""
         sys.exit(f"error: {where}{e}")
     tokens = np.array([encoder.encode(args.prompt)], np.int32)
-    problem = fits(tokens.shape[1], args.length, model.hparams.n_ctx)
+    problem = window_problem(tokens.shape[1], args.length, model.hparams.n_ctx)
     if problem:
         sys.exit(f"error: {problem}")
     if args.perturb:

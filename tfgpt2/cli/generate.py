@@ -22,8 +22,8 @@ The original's spelling works too, with the same flags:
 """
 import sys
 
-from ..decoding.plan import fits
-from .common import end_at_once, load, load_litert, print_batch, progress, sampling_parser
+from ..decoding.request import check_window
+from .common import FLAGS, end_at_once, load, load_litert, print_batch, progress, sampling_parser
 
 
 def main(argv=None, prog="tfgpt2 generate"):
@@ -51,11 +51,10 @@ def main(argv=None, prog="tfgpt2 generate"):
         args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
     context = [enc.eot_token] if args.prompt is None else enc.encode(args.prompt)
     n_ctx = model.n_ctx if args.litert else model.hparams.n_ctx
-    if args.context_keep is not None and len(context) > n_ctx:
-        sys.exit(f"error: --prompt has {len(context)} tokens, more than the model's window of {n_ctx}")
-    if args.context_keep is None and not fits(len(context), length, n_ctx):
-        sys.exit(f"error: --prompt has {len(context)} tokens; with --length {length} at most "
-                 f"{n_ctx - length + 1} fit in the model's window of {n_ctx}")
+    try:
+        check_window(len(context), length, n_ctx, context_keep=args.context_keep, names=FLAGS)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     generated, batch = 0, 0
     with progress(args, args.nsamples or None) as bar:
         while args.nsamples == 0 or generated < args.nsamples:

@@ -13,11 +13,12 @@ skipped). Each output line is a JSON object {"line", "prompt", "text", "tokens"}
 0-based line number, its prompt, the continuation and the continuation's token ids. Rows are
 written as their batch finishes, not in input order: sort by "line" to restore it.
 
-Batches: prompts are grouped by the generator's length bucket (`tfgpt2.decoding.plan.bucket` of
-their token count) and cut, in line order, into batches of --batch_size; a bucket's short
+Batches: prompts are grouped by the generator's length bucket (`tfgpt2.decoding.buckets.bucket`
+of their token count) and cut, in line order, into batches of --batch_size; a bucket's short
 last batch is padded with copies of its first prompt, so XLA compiles once per bucket. Batch
-b of the plan (counted from 0, smallest bucket first) samples with seed --seed + b. The plan
-depends only on the input and --batch_size, so a rerun, a resumed run and any --workers count
+b of the plan (counted from 0, smallest bucket first) samples with seed --seed + b (wrapped into
+[0, 2**63), the seed's range). The plan depends only on the input and --batch_size, so a rerun,
+a resumed run and any --workers count
 give each line the same text. Greedy text (--temperature 0 or --top_k 1) is the text of the
 prompt generated alone; sampled text also depends on the prompt's place in its batch.
 
@@ -70,7 +71,7 @@ from ..bulk import lines, pool
 from ..hparams import load_hparams
 from .args import ranged
 from ..formats.folders import model_path, vocabulary_source
-from .common import Progress, controls, encoder_of, end_at_once, load, model_dir, sampling_parser
+from .common import Progress, check_flags, encoder_of, end_at_once, load, model_dir, sampling, sampling_parser
 
 HPARAMS_AND_VOCABULARY = ["hparams.json", "encoder.json", "vocab.bpe"]  # what planning reads of a model folder
 
@@ -115,22 +116,16 @@ def input_batches(args, enc, n_ctx, length, n_vocab):
     return batches
 
 
-def check_length(args, n_ctx):
-    """--length, or its default: half the model's window n_ctx; ValueError where it or
-    --context_keep does not fit the window."""
-    length = n_ctx // 2 if args.length is None else args.length
-    if length < 1:
-        raise ValueError(f"--length must be at least 1, got {length}")
-    if args.context_keep is not None and args.context_keep >= n_ctx:
-        raise ValueError(f"--context_keep must be below the model's n_ctx={n_ctx}, got {args.context_keep}")
-    return length
+def checked_length(args, enc, n_ctx, n_vocab):
+    """--length, or its default: half the model's window n_ctx, once the flags are checked by
+    the request rules (`common.check_flags`: ValueError naming the first bad one)."""
+    check_flags(args, enc, n_vocab, n_ctx, window=False)
+    return n_ctx // 2 if args.length is None else args.length
 
 
-def keywords(args, enc, n_vocab):
-    """The flags as `tfgpt2.generate`'s keywords (every line's, unless it sets its own); exits
-    with a message naming a flag whose value the model cannot use."""
-    return dict(controls(args, enc, n_vocab), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                stop_at_eot=args.stop_at_eot)
+def keywords(args, enc):
+    """The flags as `tfgpt2.generate`'s keywords (every line's, unless it sets its own)."""
+    return dict(sampling(args, enc), context_keep=args.context_keep)
 
 
 def worker_command():
@@ -157,7 +152,7 @@ def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
         folder = model_dir(args)
         n_ctx, n_vocab = sizes(folder)
         enc = encoder_of(folder)
-        length = check_length(args, n_ctx)
+        length = checked_length(args, enc, n_ctx, n_vocab)
         if os.path.isdir(args.output):
             raise ValueError(f"--output {args.output} is a folder: give the file to append the rows to, "
                              f"for example {os.path.join(args.output, 'rows.jsonl')}")
@@ -190,8 +185,8 @@ def run_batches(argv, args, model, enc, length, batches):
     if model is None:
         model = load(args, lambda n_ctx: n_ctx // 2)[0]
     parent = None if args.worker is None else os.getppid()
-    pool.generate_batches(args, model, enc, length, batches, done, keywords(args, enc, model.hparams.n_vocab),
-                          progress.note, args.worker or 0, args.workers, parent)
+    pool.generate_batches(args, model, enc, length, batches, done, keywords(args, enc), progress.note,
+                          args.worker or 0, args.workers, parent)
     return 0
 
 
@@ -204,8 +199,8 @@ def run_beam(args, options):
             raise ValueError(f"--output {args.output} is a folder: give the prefix of the files to write, "
                              f"for example {os.path.join(args.output, 'rows')}")
         path, enc, n_ctx, n_vocab = beam_model(args)
-        length = check_length(args, n_ctx)
-        settings = dict(keywords=keywords(args, enc, n_vocab), length=length, batch_size=args.batch_size)
+        length = checked_length(args, enc, n_ctx, n_vocab)
+        settings = dict(keywords=keywords(args, enc), length=length, batch_size=args.batch_size)
         handler = handlers.GPT2SavedModelHandler(path, enc.encoding, n_vocab=n_vocab, eot=enc.eot_token, **settings) \
             if args.saved_model else handlers.GPT2ModelHandler(path, dtype=args.dtype, **settings)
         if not any(option.startswith("--default_sdk_harness_log_level") for option in options):

@@ -18,8 +18,10 @@ The original's spelling works too, with the same flags:
 import itertools
 import sys
 
-from ..decoding.plan import fits
-from .common import end_at_once, load, print_batch, progress, sampling_parser
+from ..decoding.request import check_window
+from .common import FLAGS, end_at_once, load, print_batch, progress, sampling_parser
+
+NAMES = dict(FLAGS, prompts="the prompt")  # the request's fields as the messages name them
 
 
 def prompts():
@@ -51,13 +53,10 @@ def main(argv=None, prog="tfgpt2 interactive"):
     batch = 0
     for number, prompt in prompts():
         context = enc.encode(prompt)
-        if args.context_keep is not None and len(context) > n_ctx:
-            print(f"error: line {number}: the prompt has {len(context)} tokens, more than the model's window "
-                  f"of {n_ctx}", file=sys.stderr)
-            continue
-        if args.context_keep is None and not fits(len(context), length, n_ctx):
-            print(f"error: line {number}: the prompt has {len(context)} tokens; with --length {length} "
-                  f"at most {n_ctx - length + 1} fit in the model's window of {n_ctx}", file=sys.stderr)
+        try:
+            check_window(len(context), length, n_ctx, context_keep=args.context_keep, names=NAMES)
+        except ValueError as e:
+            print(f"error: line {number}: {e}", file=sys.stderr)
             continue
         with progress(args, args.nsamples) as bar:
             for generated in range(0, args.nsamples, args.batch_size):

@@ -1,3 +1,4 @@
-"""Generation's machinery: the model's layers over a fixed-size key/value cache (`cache`), the
-block weights in layouts that XLA on a CPU multiplies faster (`layouts`), the request checks and
-length buckets (`plan`), and the compiled loop (`loop`). The public API is `tfgpt2.sample`."""
+"""Generation's machinery: the rules a request must meet (`request`), the model's layers over a
+fixed-size key/value cache (`cache`), the block weights in layouts that XLA on a CPU multiplies
+faster (`layouts`), the length buckets (`buckets`), the controls past temperature, top-k and top-p
+(`controls`) and the compiled loop (`generator`). The public API is `tfgpt2.sample`."""

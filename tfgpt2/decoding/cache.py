@@ -31,7 +31,8 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
     token table, `formats.litert`), or None.
 
     Returns the logits of the last position [batch, n_vocab] (all that generation needs) and the
-    updated cache. Inputs are not checked here: `plan.check_request` checks them before XLA."""
+    updated cache. Inputs are not checked here: `request.check_request` (in a SavedModel,
+    `request.assert_request`) checks them before XLA."""
     mask = attention_mask(shape_list(X)[1], shape_list(cache[0][0])[1], dtype=model.compute_dtype,
                           offset=cache_index, pad=pad)
 

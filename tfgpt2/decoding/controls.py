@@ -18,16 +18,16 @@ before they existed, and their values never cause a compile):
   stream goes on) and, with "stop", how many of each row's prompt tokens are new tokens (so
   that a stop sequence may begin in the segment before).
 
-`check_controls` holds the checks, shared by `tfgpt2.generate` (eagerly) and the SavedModel.
+`assert_controls` holds their checks as graph ops, for the SavedModel; `request.check_sampling`
+checks the same rules in Python.
 """
 import tensorflow as tf
 
-from .plan import require
+from ..model import in_vocabulary
+from .request import BANNED, in_range, require
 
-BANNED = -100.0  # OpenAI's rule: a bias at or below it bans the token
 
-
-def check_controls(controls, n_vocab):
+def assert_controls(controls, n_vocab):
     """The checks of the controls in `controls` (user-side names in the messages): stop
     sequences as `aligned_stops` takes them, padded with -1 at the end of each."""
     checks = []
@@ -36,28 +36,21 @@ def check_controls(controls, n_vocab):
         checks += [
             require(tf.equal(tf.shape(bias)[-1], n_vocab), f"logit_bias must have n_vocab={n_vocab} values per row",
                     tf.shape(bias)),
-            require(tf.logical_not(tf.math.is_nan(bias)) & (bias < float("inf")),
-                    "logit_bias values must be numbers < inf (-inf or <= -100 bans a token)",
-                    _some(bias, tf.math.is_nan(bias) | (bias == float("inf")))),
+            in_range("logit_bias", bias, "logit_bias values"),
             require(tf.reduce_any(bias > BANNED, axis=-1), "logit_bias bans every token"),
         ]
-    if "repetition" in controls:
-        p = controls["repetition"]
-        checks.append(require(tf.math.is_finite(p) & (p > 0), "repetition_penalty must be a finite number > 0 "
-                              "(1 is off)", p))
-    for name in ("presence", "frequency"):
-        if name in controls:
-            checks.append(require(tf.math.is_finite(controls[name]) & (controls[name] >= 0),
-                                  f"{name}_penalty must be a finite number >= 0", controls[name]))
+    for key in ("repetition", "presence", "frequency"):
+        if key in controls:
+            checks.append(in_range(f"{key}_penalty", controls[key]))
     if "min_p" in controls:
-        p = controls["min_p"]
-        checks.append(require((p >= 0) & (p <= 1), "min_p must be in [0, 1]", p))
+        checks.append(in_range("min_p", controls["min_p"]))
     if "stop" in controls:
         stop = controls["stop"]
         real = stop >= 0
+        bad = tf.logical_not(in_vocabulary(stop, n_vocab) | (stop == -1))
         checks += [
-            require((stop >= -1) & (stop < n_vocab), f"stop token ids must be in [0, n_vocab={n_vocab}) "
-                    "(-1 pads)", _some(stop, (stop < -1) | (stop >= n_vocab))),
+            require(tf.logical_not(bad), f"stop token ids must be in [0, n_vocab={n_vocab}) (-1 pads)",
+                    _some(stop, bad)),
             require(tf.logical_not(real[..., 1:] & tf.logical_not(real[..., :-1])),
                     "stop sequences must be padded with -1 at their end only"),
         ]

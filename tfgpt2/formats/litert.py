@@ -21,13 +21,12 @@ with the tied token table written once (`Int8Table`).
 """
 import os
 import tempfile
-import types
 
 import numpy as np
 import tensorflow as tf
 
 from ..decoding.cache import call_with_cache, empty_cache
-from ..decoding.plan import check_request, integer, prompt_rows, real
+from ..decoding.request import check_request
 from ..encoder import EOT_TOKEN
 from ..model import in_vocabulary, shape_list
 from ..sample import choose
@@ -178,7 +177,7 @@ class LiteRTModel:
                                           position=np.array(position, np.int32), **cache))
 
     def _check_ids(self, ids):
-        bad = ids[(ids < 0) | (ids >= self.n_vocab)]
+        bad = ids[~in_vocabulary(ids, self.n_vocab)]
         if bad.size:
             raise ValueError(f"token ids must be in [0, n_vocab={self.n_vocab}); got {bad[:3].tolist()}")
 
@@ -195,20 +194,11 @@ def generate_litert(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1
     the number of new tokens so far."""
     if not isinstance(model, LiteRTModel):
         model = LiteRTModel(model)
-    prompts = prompt_rows(prompts)
-    length, top_k = integer("length", length), integer("top_k", top_k)
-    temperature, top_p = real("temperature", temperature), real("top_p", top_p)
-    seed = np.random.randint(2**31) if seed is None else integer("seed", seed, low=0, high=2**63)
-    eot = integer("eot", eot, low=0, high=model.n_vocab)
+    request = check_request(prompts, length, n_vocab=model.n_vocab, n_ctx=model.n_ctx, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, stop_at_eot=stop_at_eot, eot=eot)
+    prompts, length, sampling = request.prompts, request.length, request.sampling
+    temperature, top_k, top_p, seed, eot = (sampling[k] for k in ("temperature", "top_k", "top_p", "seed", "eot"))
     lengths = [len(p) for p in prompts]
-    ids = np.zeros([len(prompts), max(max(lengths), 1)], np.int64)
-    for row, p in enumerate(prompts):
-        ids[row, :len(p)] = p
-    check_request(tf.constant(ids), tf.constant(lengths, tf.int32), tf.constant(min(max(length, -2**31), 2**31 - 1)),
-                  tf.constant(temperature, tf.float32), tf.constant(min(top_k, 2**31 - 1)),
-                  tf.constant(top_p, tf.float32),
-                  hparams=types.SimpleNamespace(n_vocab=model.n_vocab, n_ctx=model.n_ctx))
-
     pick = tf.function(choose, autograph=False)  # one graph for the run (eagerly, top-k's bisection is slow)
     states = [model.prefill(p) for p in prompts]
     new = np.zeros([len(prompts), length], np.int64)

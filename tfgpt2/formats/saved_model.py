@@ -18,9 +18,9 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
   sequences, each padded with -1 at its end (a row of -1 only is no sequence). Same outputs;
   `lengths` leaves out a stop sequence a row ended with.
 
-`generate` runs the library's planner and checks (`decoding.plan`) as graph ops before the
-XLA-compiled loop (`decoding.loop`; XLA would clamp bad ids silently), which XLA compiles once
-per (batch, prompt bucket, total bucket).
+`generate` runs the library's request rules (`decoding.request`) and length buckets
+(`decoding.buckets`) as graph ops before the XLA-compiled loop (`decoding.generator`; XLA would
+clamp bad ids silently), which XLA compiles once per (batch, prompt bucket, total bucket).
 
 Devices: the CPU weight layouts (`decoding.layouts`) are built into the graph when the export
 runs where no GPU is visible, and left out where one is. Either SavedModel computes the same
@@ -33,10 +33,12 @@ import os
 import tensorflow as tf
 
 from ..decoding import layouts
-from ..decoding.controls import aligned_stops, check_controls
-from ..decoding.loop import Generator
-from ..decoding.plan import check_request, plan
+from ..decoding.buckets import bucket_sizes
+from ..decoding.controls import aligned_stops, assert_controls
+from ..decoding.generator import Generator
+from ..decoding.request import assert_request
 from ..encoder import EOT_TOKEN
+from ..model import in_vocabulary
 from ..sample import choose
 from .bundle import read_index
 from .checkpoint import checkpoint_prefix, load_model
@@ -89,7 +91,7 @@ class Serving(tf.Module):
 
     def __init__(self, model, *, stop_at_eot=False, eot=EOT_TOKEN):
         super().__init__(name="gpt2")
-        if not 0 <= eot < model.hparams.n_vocab:
+        if not in_vocabulary(eot, model.hparams.n_vocab):
             raise ValueError(f"eot {eot} is not a token id of this model (n_vocab={model.hparams.n_vocab})")
         self.weights = {v.path: v.value for v in model.weights}
         self._generator = Generator(model, choose, jit_compile=True)
@@ -119,14 +121,15 @@ class Serving(tf.Module):
         options = [_one_value(x, name) for x, name in zip(options, SCALARS)]
         input_ids = _rank_2(input_ids)
         prompt, real = self._prompts(input_ids, _rank_2(attention_mask))
-        checks = check_request(prompt, real, *options[:4], hparams=generator.model.hparams)
+        checks = assert_request(prompt, real, *options, hparams=generator.model.hparams)
         if controls is not None:
-            checks += check_controls(controls, generator.model.hparams.n_vocab)
+            checks += assert_controls(controls, generator.model.hparams.n_vocab)
             controls = {key: _after(x, *checks) for key, x in controls.items()}
             controls["stop"] = aligned_stops(controls["stop"])
         max_new_tokens, temperature, top_k, top_p, seed = (_after(x, *checks) for x in options)
         prompt, real = _after(prompt, *checks), _after(real, *checks)
-        prompt_len, total = plan(tf.reduce_max(real), max_new_tokens, generator.model.hparams.n_ctx, one_alone=False)
+        prompt_len, total = bucket_sizes(tf.reduce_max(real), max_new_tokens, generator.model.hparams.n_ctx,
+                                         one_alone=False)
         prompt = tf.pad(prompt, [[0, 0], [prompt_len, 0]])[:, -prompt_len:]
         args = (prompt, prompt_len - real, tf.zeros([tf.shape(prompt)[0], total], tf.int32), max_new_tokens,
                 temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
@@ -144,7 +147,7 @@ class Serving(tf.Module):
 
     def _prompts(self, input_ids, attention_mask):
         """Prompts with padding slots zeroed and each row's count of real tokens, once the mask
-        is checked; the ids are checked with the rest of the request (`check_request`)."""
+        is checked; the ids are checked with the rest of the request (`assert_request`)."""
         mask = _after(attention_mask, tf.debugging.assert_equal(
             tf.shape(attention_mask), tf.shape(input_ids), message="attention_mask must have the shape of input_ids"))
         checks = [

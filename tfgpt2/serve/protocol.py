@@ -1,5 +1,5 @@
 """OpenAI's completions API as the server speaks it: a request's JSON read into a `Completion`
-(types here, every range by decoding's generation rule, so that a 400 says what
+(types here, every range by the request rules, `decoding.request`, so that a 400 says what
 `tfgpt2.generate` would say), and the response, stream chunk and error objects.
 
 Fields: OpenAI's `model`, `prompt` (a string, a list of strings, token ids or lists of them),
@@ -14,17 +14,14 @@ import secrets
 import time
 import uuid
 
-import numpy as np
-import tensorflow as tf
-
-from ..decoding.plan import check_request, integer, real
-from ..sample import _controls
+from ..decoding.request import Range, batch_seed, check_request, check_value
 
 MAX_STOPS = 4      # OpenAI's limit
 MAX_LOGPROBS = 5   # OpenAI's limit for completions (`decoding.slots.TOP_LOGPROBS`)
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
           "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "user", "best_of",
           "suffix", "top_k", "min_p", "repetition_penalty", "context_keep"}
+NAMES = {"prompts": "prompt", "length": "max_tokens"}  # the request rules' fields as this API names them
 
 
 class RequestError(Exception):
@@ -52,7 +49,7 @@ class Completion:
     def seed_of(self, index):
         """The seed of choice `index`: the request's plus the index (choices differ, requests
         repeat), or a random one."""
-        return secrets.randbelow(2**63) if self.seed is None else (self.seed + index) % 2**63
+        return secrets.randbelow(2**63) if self.seed is None else batch_seed(self.seed, index)
 
 
 def parse(body, *, model_name, encoder, hparams, capacity):
@@ -71,37 +68,45 @@ def parse(body, *, model_name, encoder, hparams, capacity):
                            param="model", code="model_not_found")
     c = Completion()
     c.texts, c.prompts = _prompts(get("prompt", "<|endoftext|>"), encoder)
-    c.n = _field(integer, "n", get("n", 1), low=1)
+    c.n = _field("n", get("n", 1), Range(int, 1, 2**31 - 1))
     if get("best_of", c.n) != c.n or get("suffix") is not None:
         raise RequestError("best_of (other than n) and suffix are not supported", param="best_of")
     if len(c.prompts) * c.n > capacity:
         raise RequestError(f"prompts x n = {len(c.prompts) * c.n} completions; one request may ask for at most "
                            f"{capacity} (--max_batch + --max_queue)", param="n")
-    c.max_tokens = _field(integer, "max_tokens", get("max_tokens", 16))
     c.stream, c.echo = (_flag(name, get(name, False)) for name in ("stream", "echo"))
     c.include_usage = _stream_options(get("stream_options"), c.stream)
-    c.logprobs = None if get("logprobs") is None else _field(integer, "logprobs", get("logprobs"), low=0,
-                                                             high=MAX_LOGPROBS + 1)
+    c.logprobs = None if get("logprobs") is None else _field("logprobs", get("logprobs"), Range(int, 0, MAX_LOGPROBS))
     c.stops = _stops(get("stop", []))
-    c.seed = None if get("seed") is None else _field(integer, "seed", get("seed"), low=0, high=2**63)
-    c.context_keep = (None if get("context_keep") is None else
-                      _field(integer, "context_keep", get("context_keep"), low=1, high=hparams.n_ctx))
-    values = dict(temperature=get("temperature", 1.0), top_p=get("top_p", 1.0), min_p=get("min_p", 0.0),
-                  repetition=get("repetition_penalty", 1.0), presence=get("presence_penalty", 0.0),
-                  frequency=get("frequency_penalty", 0.0))
-    names = dict(repetition="repetition_penalty", presence="presence_penalty", frequency="frequency_penalty")
-    c.sampling = {key: _field(real, names.get(key, key), value) for key, value in values.items()}
-    c.sampling["top_k"] = _field(integer, "top_k", get("top_k", 0))
-    c.bias = _bias(get("logit_bias", {}))
-    _check(c, hparams)
+    request = _check(c.prompts, get, hparams)
+    c.max_tokens, c.context_keep, s = request.length, request.context_keep, request.sampling
+    c.seed = None if get("seed") is None else s["seed"]
+    c.sampling = dict(temperature=s["temperature"], top_p=s["top_p"], min_p=s["min_p"], top_k=s["top_k"],
+                      repetition=s["repetition_penalty"], presence=s["presence_penalty"],
+                      frequency=s["frequency_penalty"])
+    c.bias = s["logit_bias"]
     return c
 
 
-def _field(kind, name, value, **bounds):
+def _field(name, value, value_range):
     try:
-        return kind(name, value, **bounds)
+        return check_value(name, value, value_range=value_range)
     except ValueError as e:
         raise RequestError(str(e), param=name) from None
+
+
+def _check(prompts, get, hparams):
+    """The request rules (`decoding.request`, which `tfgpt2.generate` asks too) over the prompts,
+    max_tokens, context_keep and the sampling fields: a 400 with the rule's message."""
+    try:
+        return check_request(
+            prompts, get("max_tokens", 16), n_vocab=hparams.n_vocab, n_ctx=hparams.n_ctx,
+            context_keep=get("context_keep"), names=NAMES, temperature=get("temperature", 1.0), top_k=get("top_k", 0),
+            top_p=get("top_p", 1.0), min_p=get("min_p", 0.0), seed=get("seed"),
+            repetition_penalty=get("repetition_penalty", 1.0), presence_penalty=get("presence_penalty", 0.0),
+            frequency_penalty=get("frequency_penalty", 0.0), logit_bias=_bias(get("logit_bias", {})))
+    except ValueError as e:
+        raise RequestError(str(e)) from None
 
 
 def _flag(name, value):
@@ -154,27 +159,6 @@ def _bias(bias):
         return {int(token): value for token, value in bias.items()}
     except ValueError:
         raise RequestError(f"logit_bias keys must be token ids, got {sorted(bias)[:3]}", param="logit_bias") from None
-
-
-def _check(c, hparams):
-    """Decoding's rule for the request (ids, lengths, sampling, controls), as `tfgpt2.generate`
-    asks it: ValueError's message as the 400's."""
-    s = c.sampling
-    longest = max(map(len, c.prompts))
-    window = c.max_tokens if c.context_keep is None else min(c.max_tokens, max(hparams.n_ctx + 1 - longest, 1))
-    ids = np.zeros([len(c.prompts), max(longest, 1)], np.int64)
-    for row, p in enumerate(c.prompts):
-        ids[row, :len(p)] = p
-    try:
-        with tf.device("CPU"):
-            check_request(tf.constant(ids), tf.constant([len(p) for p in c.prompts], tf.int32),
-                          tf.constant(min(max(window, -2**31), 2**31 - 1)), tf.constant(s["temperature"], tf.float32),
-                          tf.constant(min(max(s["top_k"], -2**31), 2**31 - 1)), tf.constant(s["top_p"], tf.float32),
-                          hparams=hparams)
-            _controls(hparams.n_vocab, 1, logit_bias=c.bias, repetition_penalty=s["repetition"],
-                      presence_penalty=s["presence"], frequency_penalty=s["frequency"], min_p=s["min_p"], stop=None)
-    except ValueError as e:
-        raise RequestError(str(e)) from None
 
 
 # ---- responses ----------------------------------------------------------------------------

@@ -66,7 +66,7 @@ class Generator:
         is compiled once, in the loop."""
         batch, prompt_len = shape_list(prompt)
         cache = empty_cache(self.model, batch, shape_list(tokens)[1])
-        if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `plan.plan`
+        if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `buckets.bucket_sizes`
             _, cache = call_with_cache(self.model, prompt[:, :-1], cache, 0, pad=pad, layouts=weights)
         controls = options[7] if len(options) > 7 else {}
         return dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
