@@ -8,7 +8,8 @@ weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits
 OpenAI's code on the tiny and the 124M folders started once per worker (`reference_tiny`,
 `reference_124m`; the tests that need the 124M one share a file, so one worker starts it).
 XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
-by workers and children.
+by workers and children. On a GPU, the workers share it (TF_FORCE_GPU_ALLOW_GROWTH); tests
+marked `gpu` need one and skip, saying so, where TensorFlow sees none.
 """
 import atexit
 import collections
@@ -20,6 +21,9 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Each process takes GPU memory as it needs it, not all of it at start: several workers (and
+# their children) share one GPU. Set before TensorFlow starts; a value the user set is kept.
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 # TensorFlow's threads spin while they wait: a worker (and its children) using more intra-op
 # threads than its share of the CPUs takes them from the other workers (a few per cent of the
 # suite's time with two workers on two CPUs at TensorFlow's default, one thread per CPU each)
@@ -53,10 +57,19 @@ def pytest_collection_modifyitems(items):
     slow tests, each file's tests in their order: the README's test command hands whole files
     to two workers (`-n 2 --dist loadfile`, with pyproject's `--no-loadscope-reorder`, without
     which xdist orders the files by their count of tests), and starting the longest first lets
-    both workers finish together."""
+    both workers finish together. Tests marked `gpu` skip where no GPU is visible."""
     slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
     rank = {name: i for i, name in enumerate(HEAVIEST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(HEAVIEST)), -slow[item.path]))  # stable: files whole
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not gpu_visible():
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a GPU; TensorFlow sees none here"))
+
+
+def gpu_visible():
+    import tensorflow as tf
+    return bool(tf.config.list_physical_devices("GPU"))
 
 
 # The files that take longest, most first, by the CPU time of a full run (their own and their

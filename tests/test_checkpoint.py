@@ -1,4 +1,5 @@
 """Loading and saving OpenAI's checkpoint layout, and the errors for bad folders."""
+import ctypes
 import json
 import os
 import shutil
@@ -39,8 +40,12 @@ def test_load_reads_every_variable(tiny_dir):
 def test_loaded_variables_are_read_without_a_copy(tiny_dir, dtype):
     """The loader writes with a scatter, which leaves a variable copy-on-read: every later
     read, in each generate or train step without XLA, would copy the whole weight."""
-    def buffer(tensor):  # (numpy takes no bfloat16; a bitcast keeps the buffer)
-        return np.from_dlpack(tf.bitcast(tensor, tf.uint16)).ctypes.data
+    def buffer(tensor):
+        """The address of the tensor's memory on its device, CPU or GPU: DLPack's data pointer
+        (the first field of the DLTensor its capsule holds)."""
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        return ctypes.c_void_p.from_address(get(tf.experimental.dlpack.to_dlpack(tensor), b"dltensor")).value
     model = load_model(tiny_dir, dtype=dtype)
     for v in model.weights:
         first, second = v.value.read_value(), v.value.read_value()  # both alive: no reuse

@@ -14,10 +14,11 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from tests.conftest import ATOL
 from tfgpt2.formats.checkpoint import load_model
-from tfgpt2.formats.saved_model import checkpoint_bytes, export_saved_model, folder_bytes
+from tfgpt2.formats.saved_model import by_device, checkpoint_bytes, export_saved_model, folder_bytes
 from tfgpt2.sample import generate
 from tfgpt2.cli.export import main as export_main
 
@@ -43,12 +44,13 @@ pickle.dump(answers, open(results, "wb"))
 """
 
 
-def serve(requests, tmp):
+def serve(requests, tmp, **environ):
     """Each request {name: (SavedModel path, signature, inputs)} answered by a fresh process that
-    imports only TensorFlow: {name: outputs as arrays, or 'ErrorType: message'}."""
+    imports only TensorFlow (with `environ` added to its environment): {name: outputs as arrays,
+    or 'ErrorType: message'}."""
     with open(tmp / "requests.pkl", "wb") as f:
         pickle.dump(requests, f)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **environ}
     result = subprocess.run([sys.executable, "-c", CHILD, str(tmp / "requests.pkl"), str(tmp / "results.pkl")],
                             cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -582,3 +584,98 @@ def test_fuzzed_requests_succeed_or_fail_with_the_checks_message(exported, tmp_p
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ok, refused, kinds = map(int, result.stdout.split()[-3:])
     assert ok >= 5 and refused >= 5 and kinds >= 4, result.stdout
+
+
+# ---- one SavedModel for every kind of device ------------------------------------------------
+
+NO_GPU = dict(CUDA_VISIBLE_DEVICES="")  # a child process that sees no GPU
+
+
+def branches(exported):
+    """For each `by_device` in the SavedModel's graph: (the op types the CPU branch runs, those
+    the other branch runs), each with every function it calls."""
+    with open(os.path.join(exported, "saved_model.pb"), "rb") as f:
+        graph = saved_model_pb2.SavedModel.FromString(f.read()).meta_graphs[0].graph_def
+    functions = {f.signature.name: f for f in graph.library.function}
+
+    def ops(name, seen):
+        if name in seen or name not in functions:
+            return set()
+        seen.add(name)
+        found = set()
+        for node in functions[name].node_def:
+            found.add(node.op)
+            called = [node.op] + [v.func.name for v in node.attr.values() if v.HasField("func")]
+            called += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]
+            for callee in called:
+                found |= ops(callee, seen)
+        return found
+    found = []
+    for function in functions.values():
+        index = {node.name for node in function.node_def if node.op == "DeviceIndex"
+                 and list(node.attr["device_names"].list.s) == [b"CPU"]}
+        for node in function.node_def:
+            if node.op in ("Case", "StatelessCase") and node.input[0].split(":")[0] in index:
+                cpu, other = (f.name for f in node.attr["branches"].list.func)
+                found.append((ops(cpu, set()), ops(other, set())))
+    return found
+
+
+def test_generate_holds_a_loop_for_the_cpu_and_one_for_other_devices(exported):
+    """`generate` and `generate_with_controls` each pick their loop when they run: on a CPU
+    the one that can use the transposed weights (read through an optimization barrier), on
+    any other device the layers' own products."""
+    found = branches(exported)
+    assert len(found) == 2, found
+    for cpu, other in found:
+        assert {"XlaDotV2", "XlaOptimizationBarrier", "While"} <= cpu
+        assert {"XlaDotV2", "While"} <= other and "XlaOptimizationBarrier" not in other
+
+
+class Picked(tf.Module):
+    """A signature that answers which branch of `by_device` ran, each branch XLA-compiled as
+    `generate`'s loops are."""
+
+    def __init__(self):
+        super().__init__()
+        self.v = tf.Variable(1.0)
+        self.compiled = tf.function(lambda x, n: x * self.v + n, jit_compile=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+    def picked(self, x):
+        return {"device": by_device(lambda: self.compiled(x, 1.0), lambda: self.compiled(x, 2.0))}
+
+
+@pytest.fixture(scope="module")
+def picked(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("picked") / "1")
+    module = Picked()
+    tf.saved_model.save(module, path, signatures={"picked": module.picked})
+    return {"picked": (path, "picked", dict(x=np.float32(0)))}
+
+
+def test_a_saved_model_picks_the_cpu_branch_on_a_cpu(picked, tmp_path):
+    assert serve(picked, tmp_path, **NO_GPU)["picked"]["device"] == 1
+
+
+@pytest.mark.gpu
+def test_a_saved_model_picks_the_other_branch_on_a_gpu(picked, tmp_path):
+    assert serve(picked, tmp_path)["picked"]["device"] == 2
+
+
+@pytest.mark.gpu
+def test_exported_on_either_device_kind_served_on_the_other(tiny_dir, tiny, exported, tmp_path):
+    """One exported where no GPU is visible (a child process), served on the GPU, and the one
+    exported here, with the GPU visible, served where none is: the library's greedy tokens,
+    with the CPU layouts (20 new tokens) and without."""
+    cpu_export = tmp_path / "cpu"
+    subprocess.run([sys.executable, "-m", "tfgpt2.cli.main", "export", "--model_dir", tiny_dir, "--quiet",
+                    str(cpu_export)], env={**os.environ, **NO_GPU}, check=True, capture_output=True, timeout=600)
+    names = ["greedy", "greedy 20", "variable"]
+    answers = {"on the GPU": serve({n: (str(cpu_export / "1"), *REQUESTS[n]) for n in names}, tmp_path),
+               "on a CPU": serve({n: (exported, *REQUESTS[n]) for n in names}, tmp_path, **NO_GPU)}
+    prompts = {"greedy": (EQUAL, 10), "greedy 20": (EQUAL, 20), "variable": (VARIABLE, 10)}
+    for where, answer in answers.items():
+        for name, (rows, new) in prompts.items():
+            for ours, theirs in zip(new_rows(answer[name], REQUESTS[name][1]), generate(tiny, rows, new, top_k=1)):
+                np.testing.assert_array_equal(ours, theirs, err_msg=f"{name} {where}")

@@ -31,7 +31,8 @@ def test_remat_gives_the_same_gradients(compiled):
     run = tf.function(gradients) if compiled else gradients
     loss, expected = run(plain, tokens)
     loss_remat, actual = run(remat, tokens)
-    assert float(loss) == float(loss_remat)
+    # the same forward pass; on a GPU XLA may fuse the two programs' sums in other orders
+    assert abs(float(loss) - float(loss_remat)) <= 1e-6 * abs(float(loss))
     assert len(actual) == len(expected) == len(plain.trainable_variables)
     for v, a, e in zip(plain.trainable_variables, actual, expected):
         assert np.abs(tf.convert_to_tensor(a) - tf.convert_to_tensor(e)).max() <= 1e-5, v.path

@@ -20,6 +20,7 @@ import tensorflow as tf
 import keras
 
 from .hparams import as_hparams, default_hparams
+from .products import matmul
 
 
 def normal(stddev, initialize=True):
@@ -131,9 +132,10 @@ class Conv1D(keras.layers.Layer):
     # the variables a `.keras` file stores, in order, per quantization mode
     STORED = {None: ("w", "b"), "int8": ("w", "b", "w_scale")}
 
-    def __init__(self, nx, nf, *, w_init_stdev=0.02, initialize=True, **kwargs):
+    def __init__(self, nx, nf, *, w_init_stdev=0.02, initialize=True, tf32=False, **kwargs):
         super().__init__(**kwargs)
         self.nx, self.nf, self.w_init_stdev, self.initialize = nx, nf, w_init_stdev, initialize
+        self.tf32 = tf32  # `products.matmul`'s: TensorFloat-32 allowed
         self.lora_enabled = False
 
     def build(self, input_shape=None):
@@ -167,7 +169,7 @@ class Conv1D(keras.layers.Layer):
     def call(self, x):
         *start, nx = shape_list(x)
         x = tf.reshape(x, [-1, nx])
-        y = tf.matmul(x, tf.reshape(self.w, [-1, self.nf])) + self.b
+        y = matmul(x, tf.reshape(self.w, [-1, self.nf]), tf32=self.tf32) + self.b
         if self.lora_enabled:
             y += self.lora_output(x)
         return tf.reshape(y, start + [self.nf])
@@ -176,7 +178,7 @@ class Conv1D(keras.layers.Layer):
         """The adapter's share of the output for x [rows, nx]: (lora_alpha / rank) x A B, x A
         first (never a weight-sized product)."""
         a, b = (tf.cast(v, x.dtype) for v in (self.lora_kernel_a, self.lora_kernel_b))
-        return tf.matmul(tf.matmul(x, a), b) * (self.lora_alpha / self.lora_rank)
+        return matmul(matmul(x, a, tf32=self.tf32), b, tf32=self.tf32) * (self.lora_alpha / self.lora_rank)
 
     def quantize(self, mode=None, type_check=True, config=None):
         if type_check and type(self) is not Conv1D:
@@ -230,7 +232,8 @@ class Conv1D(keras.layers.Layer):
         return (*input_shape[:-1], self.nf)
 
     def get_config(self):
-        return {**super().get_config(), "nx": self.nx, "nf": self.nf, "w_init_stdev": self.w_init_stdev}
+        return {**super().get_config(), "nx": self.nx, "nf": self.nf, "w_init_stdev": self.w_init_stdev,
+                "tf32": self.tf32}
 
 
 def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
@@ -254,13 +257,14 @@ def attention_mask(nd, ns, *, dtype, offset=None, pad=None):
 class Attention(keras.layers.Layer):
     """attn: causal multi-head self-attention returning `present` ([k, v] of the new tokens)."""
 
-    def __init__(self, n_state, *, hparams, initialize=True, **kwargs):
+    def __init__(self, n_state, *, hparams, initialize=True, tf32=False, **kwargs):
         super().__init__(**kwargs)
         hparams = as_hparams(hparams)
         assert n_state % hparams.n_head == 0
-        self.n_state, self.hparams, self.n_head = n_state, hparams, hparams.n_head
-        self.c_attn = Conv1D(n_state, n_state * 3, initialize=initialize, name="c_attn", dtype=self.dtype_policy)
-        self.c_proj = Conv1D(n_state, n_state, initialize=initialize, name="c_proj", dtype=self.dtype_policy)
+        self.n_state, self.hparams, self.n_head, self.tf32 = n_state, hparams, hparams.n_head, tf32
+        self.c_attn = Conv1D(n_state, n_state * 3, initialize=initialize, tf32=tf32, name="c_attn",
+                             dtype=self.dtype_policy)
+        self.c_proj = Conv1D(n_state, n_state, initialize=initialize, tf32=tf32, name="c_proj", dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         self.c_attn.build(input_shape)
@@ -271,7 +275,7 @@ class Attention(keras.layers.Layer):
         return input_shape, (batch, 2, self.n_head, sequence, self.n_state // self.n_head)
 
     def get_config(self):
-        return {**super().get_config(), "n_state": self.n_state, "hparams": self.hparams.values()}
+        return {**super().get_config(), "n_state": self.n_state, "hparams": self.hparams.values(), "tf32": self.tf32}
 
     def split_heads(self, x):
         # From [batch, sequence, features] to [batch, heads, sequence, features]
@@ -290,7 +294,7 @@ class Attention(keras.layers.Layer):
             pk, pv = tf.unstack(past, axis=1)
             k = tf.concat([pk, k], axis=-2)
             v = tf.concat([pv, v], axis=-2)
-        a = multihead_attn(q, k, v, attn_mask)
+        a = multihead_attn(q, k, v, attn_mask, tf32=self.tf32)
         a = self.merge_heads(a)
         return self.c_proj(a), present
 
@@ -333,20 +337,20 @@ def attn_probs_grad(dy, y, mask_scale):
     return tf.cast(y * (g - tf.reduce_sum(g * y, axis=-1, keepdims=True)) * mask_scale, dy.dtype)
 
 
-def multihead_attn(q, k, v, mask):
+def multihead_attn(q, k, v, mask, *, tf32=False):
     # q, k, v have shape [batch, heads, sequence, features]
-    w = attn_probs(tf.matmul(q, k, transpose_b=True), mask, v.shape[-1])
-    return tf.matmul(w, v)
+    w = attn_probs(matmul(q, k, transpose_b=True, tf32=tf32), mask, v.shape[-1])
+    return matmul(w, v, tf32=tf32)
 
 
 @serializable
 class MLP(keras.layers.Layer):
     """mlp: c_fc to n_state, tanh GELU, c_proj back to nx."""
 
-    def __init__(self, nx, n_state, *, initialize=True, **kwargs):
+    def __init__(self, nx, n_state, *, initialize=True, tf32=False, **kwargs):
         super().__init__(**kwargs)
-        self.c_fc = Conv1D(nx, n_state, initialize=initialize, name="c_fc", dtype=self.dtype_policy)
-        self.c_proj = Conv1D(n_state, nx, initialize=initialize, name="c_proj", dtype=self.dtype_policy)
+        self.c_fc = Conv1D(nx, n_state, initialize=initialize, tf32=tf32, name="c_fc", dtype=self.dtype_policy)
+        self.c_proj = Conv1D(n_state, nx, initialize=initialize, tf32=tf32, name="c_proj", dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         self.c_fc.build(input_shape)
@@ -359,22 +363,22 @@ class MLP(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        return {**super().get_config(), "nx": self.c_fc.nx, "n_state": self.c_fc.nf}
+        return {**super().get_config(), "nx": self.c_fc.nx, "n_state": self.c_fc.nf, "tf32": self.c_fc.tf32}
 
 
 @serializable
 class Block(keras.layers.Layer):
     """block: pre-norm attention and MLP, each added to the residual stream."""
 
-    def __init__(self, *, hparams, initialize=True, **kwargs):
+    def __init__(self, *, hparams, initialize=True, tf32=False, **kwargs):
         super().__init__(**kwargs)
         self.hparams = hparams = as_hparams(hparams)
         nx = hparams.n_embd
         dtype = self.dtype_policy
         self.ln_1 = Norm(nx, name="ln_1", dtype=dtype)
-        self.attn = Attention(nx, hparams=hparams, initialize=initialize, name="attn", dtype=dtype)
+        self.attn = Attention(nx, hparams=hparams, initialize=initialize, tf32=tf32, name="attn", dtype=dtype)
         self.ln_2 = Norm(nx, name="ln_2", dtype=dtype)
-        self.mlp = MLP(nx, nx * 4, initialize=initialize, name="mlp", dtype=dtype)
+        self.mlp = MLP(nx, nx * 4, initialize=initialize, tf32=tf32, name="mlp", dtype=dtype)
 
     def build(self, input_shape=None):
         for layer in (self.ln_1, self.attn, self.ln_2, self.mlp):
@@ -391,7 +395,7 @@ class Block(keras.layers.Layer):
         return self.attn.compute_output_shape(input_shape)
 
     def get_config(self):
-        return {**super().get_config(), "hparams": self.hparams.values()}
+        return {**super().get_config(), "hparams": self.hparams.values(), "tf32": self.attn.tf32}
 
 
 def recompute(block):
@@ -517,21 +521,24 @@ class GPT2(keras.Model):
     `remat=True` keeps only each block's input for the backward pass and recomputes the rest
     (`recompute`): less memory for fine-tuning, one more forward pass of time. `lora`: the
     arguments of `enable_lora` ({"rank", "alpha", "targets"}), as `get_config` records them.
+    `tf32=True` lets float32 products use TensorFloat-32 where TensorFlow's settings allow it
+    (NVIDIA GPUs from Ampere on: faster, ~1e-2 off the original's logits); by default they are
+    full float32 on every device (`tfgpt2.products`, docs/precision.md).
 
     Saved the Keras way (`model.save("x.keras")`), it loads with `keras.models.load_model`
     wherever `tfgpt2.model` has been imported (which registers it).
     """
 
-    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, remat=False, lora=None, name="model",
-                 **kwargs):
+    def __init__(self, hparams=None, *, tie_embeddings=True, initialize=True, remat=False, lora=None, tf32=False,
+                 name="model", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.remat = remat
+        self.remat, self.tf32 = remat, bool(tf32)
         self.hparams = as_hparams(hparams or default_hparams()).validate()
         if self.hparams.n_vocab < 1:
             raise ValueError("hparams.n_vocab must be set (>= 1); read it from hparams.json")
         self.tie_embeddings, self.initialize = tie_embeddings, initialize
-        self.h = [Block(hparams=self.hparams, initialize=initialize, name=f"h{layer}", dtype=self.dtype_policy)
-                  for layer in range(self.hparams.n_layer)]
+        self.h = [Block(hparams=self.hparams, initialize=initialize, tf32=self.tf32, name=f"h{layer}",
+                        dtype=self.dtype_policy) for layer in range(self.hparams.n_layer)]
         self.ln_f = Norm(self.hparams.n_embd, name="ln_f", dtype=self.dtype_policy)
         # compiled generation loops for this model (`tfgpt2.decoding.generator.generator_for`),
         # freed with it, as Keras keeps `predict_function` on the model
@@ -558,7 +565,7 @@ class GPT2(keras.Model):
         """With quantized layers, the dtype as a `DTypePolicyMap` naming each one's policy by its
         path, so that loading builds them quantized (as KerasHub's backbones)."""
         config = {**super().get_config(), "hparams": self.hparams.values(), "tie_embeddings": self.tie_embeddings,
-                  **({"lora": self.lora} if self.lora else {})}
+                  "tf32": self.tf32, **({"lora": self.lora} if self.lora else {})}
         quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers() if layer.quantization_mode}
         if quantized:
             policy = self.dtype_policy
@@ -663,7 +670,7 @@ class GPT2(keras.Model):
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
         wte = self.wte if self.tie_embeddings else self.out_head
-        logits = tf.matmul(h_flat, self.as_compute(wte), transpose_b=True)
+        logits = matmul(h_flat, self.as_compute(wte), transpose_b=True, tf32=self.tf32)
         return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, hp.n_vocab])
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

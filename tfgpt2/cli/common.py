@@ -23,6 +23,13 @@ def add_quiet(parser):
                         help="no progress on stderr (bars, stage lines): only the results, warnings and errors")
 
 
+def add_tf32(parser):
+    """--tf32, on every command that runs a model (as `GPT2`'s `tf32`)."""
+    parser.add_argument("--tf32", action="store_true",
+                        help="let float32 products use TensorFloat-32 on the GPUs that have it (NVIDIA Ampere "
+                             "on): faster, further from float32 (docs/precision.md); default full float32")
+
+
 def add_text_flags(parser, whose):
     """--encoding of the text `whose` (for example "the text files'"), and --quiet."""
     from ..train.data import check_encoding
@@ -117,6 +124,7 @@ def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsample
     p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
     p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
+    add_tf32(p)
     add_quiet(p)
     return p
 
@@ -136,7 +144,7 @@ def load(args, default_length):
         enc = encoder_of(folder)
         check_flags(args, enc, hparams.n_vocab, hparams.n_ctx)
         from ..formats.checkpoint import load_model
-        model = load_model(folder, dtype=args.dtype)
+        model = load_model(folder, dtype=args.dtype, tf32=args.tf32)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     return model, enc, default_length(hparams.n_ctx) if args.length is None else args.length

@@ -17,7 +17,7 @@ import math
 import sys
 
 from .args import Parser, ranged
-from .common import add_model_flags, add_text_flags, encoder_of, model_dir, parse
+from .common import add_model_flags, add_text_flags, add_tf32, encoder_of, model_dir, parse
 
 
 def main(argv=None, prog="tfgpt2 evaluate"):
@@ -27,6 +27,7 @@ def main(argv=None, prog="tfgpt2 evaluate"):
     p.add_argument("--stride", type=ranged(int, 1), help="tokens between window starts (default n_ctx: no overlap)")
     p.add_argument("--batch_size", type=ranged(int, 1), default=1,
                    help="windows at once (their logits take batch x n_ctx x 50257 floats: 206 MB each for 1024)")
+    add_tf32(p)
     add_text_flags(p, "the text file's")
     args, progress = parse(p, argv)
     from ..formats.checkpoint import load_model
@@ -39,7 +40,7 @@ def main(argv=None, prog="tfgpt2 evaluate"):
         tokens, n_bytes = data.scored_tokens(encoder_of(folder), args.dataset, encoding=args.encoding,
                                              n_vocab=load_hparams(folder).n_vocab)
         progress.note(f"loading {folder}")
-        model = load_model(folder)
+        model = load_model(folder, tf32=args.tf32)
         n_ctx = model.hparams.n_ctx
         count = len(windows(len(tokens), n_ctx, args.stride or n_ctx))
         progress.note(f"scoring {len(tokens) - 1} tokens in {count} windows of up to {n_ctx} tokens, "

@@ -20,7 +20,7 @@ from ..encoder import EOT_TOKEN
 from ..formats.files import refuse_existing
 from ..formats.litert import QUANTIZE
 from .args import Parser, ranged
-from .common import DTYPES, add_model_flags, add_quiet, model_dir, parse
+from .common import DTYPES, add_model_flags, add_quiet, add_tf32, model_dir, parse
 
 
 def main(argv=None, prog="tfgpt2 export"):
@@ -42,6 +42,7 @@ def main(argv=None, prog="tfgpt2 export"):
                         help="LiteRT only: the weights as float32 (none, the default), float16 or int8")
     parser.add_argument("--overwrite", action="store_true",
                         help="LiteRT only: replace an existing file (a SavedModel version is never replaced)")
+    add_tf32(parser)
     add_quiet(parser)
     args, progress = parse(parser, argv)
     if args.export_dir and args.export_dir_flag and args.export_dir != args.export_dir_flag:
@@ -64,7 +65,7 @@ def main(argv=None, prog="tfgpt2 export"):
         if os.path.exists(target):  # before the model is loaded (export_saved_model checks again)
             raise FileExistsError(f"{target} exists; export another version or remove it")
         progress.note(f"loading {folder} ({args.dtype})")
-        model = load_model(folder, dtype=args.dtype)
+        model = load_model(folder, dtype=args.dtype, tf32=args.tf32)
         progress.note(f"tracing the serving_default and generate signatures and writing {target}")
         path = export_saved_model(model, export_dir, args.version, stop_at_eot=args.stop_at_eot, eot=args.eot)
     except (OSError, ValueError) as e:
@@ -79,7 +80,8 @@ def main(argv=None, prog="tfgpt2 export"):
 def export_litert_file(parser, args, progress, path):
     """--format litert: the LiteRT file at `path` (float32 weights, quantized by --quantize)."""
     given = [flag for flag, value in (("--version", args.version != 1), ("--stop_at_eot", args.stop_at_eot),
-                                      ("--dtype", args.dtype != "float32"), ("--eot", args.eot != EOT_TOKEN)) if value]
+                                      ("--dtype", args.dtype != "float32"), ("--eot", args.eot != EOT_TOKEN),
+                                      ("--tf32", args.tf32)) if value]
     if given:
         parser.error(f"{', '.join(given)} do not apply to --format litert (it takes --quantize)")
     from ..formats.checkpoint import load_model

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
 
 from ..model import attention_mask, attn_probs, gelu, positions_for, shape_list
+from ..products import matmul
 
 
 def empty_cache(model, batch, length):
@@ -88,7 +89,7 @@ def block_with_cache(block, x, mask, cache, write, layout):
         q, k, v = map(attn.split_heads, tf.split(c, 3, axis=2))
         (k_cache, k_read), (v_cache, v_read) = (write(old, tf.reshape(new, [-1] + shape_list(new)[2:]))
                                                 for old, new in zip(cache, (k, v)))
-        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, k_read, v_read, mask)), layout[1])
+        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, k_read, v_read, mask, tf32=attn.tf32)), layout[1])
     x = x + a
     with tf.name_scope(block.name), tf.name_scope(mlp.name):
         m = project(mlp.c_proj, gelu(project(mlp.c_fc, block.ln_2(x), layout[2])), layout[3])
@@ -108,13 +109,13 @@ def project(conv, x, layout):
             # At a few rows XLA on a CPU runs x @ w on one core; a batched product (w as
             # [k, nx / k, nf], the same memory) runs on all of them, without a copy.
             parts = tf.transpose(tf.reshape(x, [1, layout, nx // layout]), [1, 0, 2])
-            y = tf.reduce_sum(tf.matmul(parts, tf.reshape(w, [layout, nx // layout, conv.nf])), 0)
+            y = tf.reduce_sum(matmul(parts, tf.reshape(w, [layout, nx // layout, conv.nf]), tf32=conv.tf32), 0)
         elif isinstance(layout, int):
-            y = tf.matmul(x, tf.reshape(w, [-1, conv.nf]))
+            y = matmul(x, tf.reshape(w, [-1, conv.nf]), tf32=conv.tf32)
         else:
             # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight. The
             # barrier keeps XLA from rewriting it back into x @ w.
-            y = tf.transpose(xla.optimization_barrier(tf.matmul(layout, x, transpose_b=True))[0])
+            y = tf.transpose(xla.optimization_barrier(matmul(layout, x, transpose_b=True, tf32=conv.tf32))[0])
         if conv.lora_enabled:  # LoRA adapters (`Conv1D.enable_lora`), not merged
             y += conv.lora_output(x)
         return tf.reshape(y + tf.cast(conv.b, x.dtype), start + [conv.nf])
@@ -126,12 +127,12 @@ def write_cache(cache, update, index):
     return xla.dynamic_update_slice(cache, update, tf.stack([0, index, 0]))
 
 
-def cached_attn(q, k, v, mask):
+def cached_attn(q, k, v, mask, *, tf32=False):
     """`multihead_attn` over the cache: q [batch, heads, n, features], k and v
     [batch * heads, T, features]. The products read the cache as it is: a reshape of it
     between its update and a product makes XLA copy the whole cache at every step."""
     batch, heads, n, features = shape_list(q)
-    w = tf.matmul(tf.reshape(q, [batch * heads, n, features]), k, transpose_b=True)
+    w = matmul(tf.reshape(q, [batch * heads, n, features]), k, transpose_b=True, tf32=tf32)
     w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
-    a = tf.matmul(tf.reshape(w, [batch * heads, n, -1]), v)
+    a = matmul(tf.reshape(w, [batch * heads, n, -1]), v, tf32=tf32)
     return tf.reshape(a, [batch, heads, n, features])

@@ -9,6 +9,7 @@ the logits before `choose` and end rows at stop sequences.
 import tensorflow as tf
 
 from ..model import shape_list
+from ..products import cpus_only
 from . import controls as control
 from . import layouts
 from .cache import call_with_cache, empty_cache
@@ -45,7 +46,7 @@ class Generator:
         """Where `layouts.transpose_pays` (on a CPU, under XLA) and the weights are float: at batch 1
         `layouts.split` (no copy, and faster there), at more rows `transposed()`. Else None."""
         if not (layouts.usable(self.model)
-                and bool(layouts.transpose_pays(length, cpu=layouts.on_cpu(), jit_compile=self.jit_compile))):
+                and bool(layouts.transpose_pays(length, cpu=cpus_only(), jit_compile=self.jit_compile))):
             return None
         return layouts.split(self.model) if batch == 1 else self.transposed()
 

@@ -11,12 +11,6 @@ TRANSPOSE_FROM = 16  # new tokens from which another layout repays its copy
 SPLIT_K = 8          # at batch 1, into how many products over slices of nx
 
 
-def on_cpu():
-    """Whether TensorFlow runs on the CPU here (no GPU visible): decided where a layout is
-    chosen, each call, never stored."""
-    return not tf.config.list_logical_devices("GPU")
-
-
 def transpose_pays(length, *, cpu, jit_compile=True):
     """Whether decoding `length` new tokens uses another layout: on a CPU, under XLA, from
     TRANSPOSE_FROM new tokens on (above batch 1 they repay the copy: 340 MB for 124M, freed

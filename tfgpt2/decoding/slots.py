@@ -18,6 +18,7 @@ A host (`tfgpt2.serve.scheduler`) decides what runs; nothing here checks its inp
 """
 import tensorflow as tf
 
+from ..products import cpus_only
 from . import controls as control
 from . import layouts
 from .cache import call_with_slots, empty_cache
@@ -41,7 +42,7 @@ class Slots:
         self.counts = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.int32), trainable=False)
         self.seen = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.bool), trainable=False)
         # on a CPU, the block weights copied as [nf, nx] multiply a few rows on every core (`layouts`)
-        self.layouts = (layouts.transposed(model) if layouts.on_cpu() and layouts.usable(model) else None)
+        self.layouts = (layouts.transposed(model) if cpus_only() and layouts.usable(model) else None)
         self.traces = 0
         self.admit, self.prefill, self.decode = (
             tf.function(self._counted(f), jit_compile=True, autograph=False)

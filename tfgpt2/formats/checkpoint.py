@@ -133,7 +133,7 @@ def _restore(model, prefix, header, entries, source):
 
 
 def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, remat=False, models_dir="models",
-               lora=None):
+               lora=None, tf32=False):
     """Build `GPT2` from `<model_dir>/hparams.json` and load the original checkpoint into it.
 
     `model_dir` is a folder, or a model name ("124M") for `<models_dir>/<name>`.
@@ -141,14 +141,15 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, r
     shapes are checked against the hparams before any weight is allocated. `dtype`: a Keras
     dtype policy ("bfloat16", "mixed_float16", ...); each tensor is cast as it is read.
     `remat`: as `GPT2`'s (fine-tuning with less memory). `lora`: LoRA adapters to apply, not
-    merged (`formats.lora.apply_adapters`: a run folder or a `lora-<step>` prefix).
+    merged (`formats.lora.apply_adapters`: a run folder or a `lora-<step>` prefix). `tf32`: as
+    `GPT2`'s (TensorFloat-32 allowed in float32 products; docs/precision.md).
     """
     model_dir = find_model_dir(model_dir, models_dir)
     hparams = load_hparams(model_dir)
     prefix = checkpoint_prefix(checkpoint or model_dir)
     header, entries = read_checkpoint_index(prefix)
     source = plan_restore(stored_shapes(entries), hparams, tie_embeddings, prefix)
-    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype, remat=remat)
+    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype, remat=remat, tf32=tf32)
     _restore(model, prefix, header, entries, source)
     if lora:
         apply_adapters(model, lora)

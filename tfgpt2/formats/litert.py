@@ -18,7 +18,11 @@ logits; `LiteRTModel` checks both before it calls the file.
 Quantization (`quantize`): "float16" stores the weights as float16; "int8" is LiteRT's
 dynamic-range quantization (int8 weights, one scale per output channel, float activations),
 with the tied token table written once (`Int8Table`).
+
+The products are traced as `tf.matmul` (`plain_products`): LiteRT has no XLA dot op, and its
+runtime no TensorFloat-32, so they are float32 in the file.
 """
+import contextlib
 import os
 import tempfile
 
@@ -108,6 +112,21 @@ class Signatures(tf.Module):
             *cache_specs], autograph=False)
 
 
+@contextlib.contextmanager
+def plain_products(model):
+    """The model's products traced as `tf.matmul` inside the block (every layer's `tf32` set,
+    then restored), as LiteRT's converter takes them."""
+    layers = [layer for layer in model._flatten_layers() if hasattr(layer, "tf32")]
+    kept = [layer.tf32 for layer in layers]
+    for layer in layers:
+        layer.tf32 = True
+    try:
+        yield model
+    finally:
+        for layer, tf32 in zip(layers, kept):
+            layer.tf32 = tf32
+
+
 def export_litert(model_dir_or_model, path, *, quantize="none"):
     """Write the LiteRT file of a model folder or a float32 `GPT2` to `path` (atomically);
     returns `path`. `quantize`: "none", "float16" or "int8" (see the module's docstring)."""
@@ -122,7 +141,8 @@ def export_litert(model_dir_or_model, path, *, quantize="none"):
     table = Int8Table(model) if quantize == "int8" and model.tie_embeddings else None
     module = Signatures(model, table)
     with tempfile.TemporaryDirectory(prefix="tfgpt2-litert-") as saved:
-        tf.saved_model.save(module, saved, signatures={name: getattr(module, name) for name in SIGNATURES})
+        with plain_products(model):
+            tf.saved_model.save(module, saved, signatures={name: getattr(module, name) for name in SIGNATURES})
         converter = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(SIGNATURES))
         # Folding each norm's scale into the next product's weight happens in `decode` but not in
         # `prefill` (its T is unknown): two copies of those weights (+40% at 124M)

@@ -13,6 +13,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from ..products import matmul
+
 CONFIG = "lora/config"
 
 
@@ -37,7 +39,7 @@ def merged_weights(model):
     for _, conv in model.conv1d_layers():
         if conv.lora_enabled:
             a, b = (tf.cast(v, conv.w.dtype) for v in (conv.lora_kernel_a, conv.lora_kernel_b))
-            merged[conv.w.path] = conv.w + (conv.lora_alpha / conv.lora_rank) * tf.matmul(a, b)[None]
+            merged[conv.w.path] = conv.w + (conv.lora_alpha / conv.lora_rank) * matmul(a, b)[None]
     lora = {id(v) for _, conv in model.conv1d_layers() if conv.lora_enabled
             for v in (conv.lora_kernel_a, conv.lora_kernel_b)}
     return {v.path: merged.get(v.path, v) for v in model.weights if id(v) not in lora}

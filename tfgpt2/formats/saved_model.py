@@ -22,10 +22,12 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
 (`decoding.buckets`) as graph ops before the XLA-compiled loop (`decoding.generator`; XLA would
 clamp bad ids silently), which XLA compiles once per (batch, prompt bucket, total bucket).
 
-Devices: the CPU weight layouts (`decoding.layouts`) are built into the graph when the export
-runs where no GPU is visible, and left out where one is. Either SavedModel computes the same
-numbers on either device; one exported on a CPU runs on a GPU with the CPU layouts (correct,
-not the fastest there), so export on the device kind you serve from.
+Devices: `generate` holds two loops and picks one when it runs, by the kind of device its ops
+are placed on (`by_device`): on a CPU, the CPU weight layouts
+(`decoding.layouts`) where they pay; on a GPU (or any other device), the layers' own products.
+So one SavedModel, exported anywhere, serves at each device's speed, with the same numbers.
+Float32 products are full float32 on every device unless the model was exported with
+`tf32=True` (`tfgpt2.products`): a server that changed no TensorFlow setting computes float32.
 """
 import glob
 import os
@@ -85,8 +87,7 @@ class Serving(tf.Module):
     """The model's variables, each once (the tied `wte` too), and the two signatures.
 
     The model and its `Generator` are held where `tf.Module` does not track them, so the
-    SavedModel stores plain variables, not the Keras objects. Whether `generate` can use the
-    CPU weight layouts (`layouts.transpose_pays`) is decided for the device it is exported on.
+    SavedModel stores plain variables, not the Keras objects.
     """
 
     def __init__(self, model, *, stop_at_eot=False, eot=EOT_TOKEN):
@@ -95,7 +96,7 @@ class Serving(tf.Module):
             raise ValueError(f"eot {eot} is not a token id of this model (n_vocab={model.hparams.n_vocab})")
         self.weights = {v.path: v.value for v in model.weights}
         self._generator = Generator(model, choose, jit_compile=True)
-        self._cpu = layouts.on_cpu() and layouts.usable(model)
+        self._layouts = layouts.usable(model)
         self._stop_at_eot, self._eot = stop_at_eot, eot
 
     @tf.function(input_signature=[IDS], autograph=False)
@@ -135,15 +136,23 @@ class Serving(tf.Module):
                 temperature, top_k, top_p, seed, tf.constant(self._eot), tf.constant(self._stop_at_eot))
         if controls is not None:
             args += ((True, True), controls)
-        if self._cpu:
-            tokens, lengths = tf.cond(layouts.transpose_pays(max_new_tokens, cpu=True),
-                                      lambda: generator.generate_padded(generator.transposed(), *args),
-                                      lambda: generator.generate_padded(None, *args))
-        else:
-            tokens, lengths = generator.generate_padded(None, *args)
+        tokens, lengths = self._loop(max_new_tokens, args)
         new = tokens[:, prompt_len:prompt_len + max_new_tokens]
         new = tf.where(tf.range(max_new_tokens)[None] < lengths[:, None], new, self._eot)
         return {"output_ids": tf.concat([input_ids, new], axis=1), "lengths": lengths}
+
+    def _loop(self, max_new_tokens, args):
+        """`generate_padded(weights, *args)`, by the device its ops run on: on a CPU with the
+        transposed weights where `layouts.transpose_pays`, elsewhere with the layers' own."""
+        generator = self._generator
+
+        def plain():
+            return generator.generate_padded(None, *args)
+
+        def on_cpu():
+            return tf.cond(layouts.transpose_pays(max_new_tokens, cpu=True),
+                           lambda: generator.generate_padded(generator.transposed(), *args), plain)
+        return by_device(on_cpu, plain) if self._layouts else plain()
 
     def _prompts(self, input_ids, attention_mask):
         """Prompts with padding slots zeroed and each row's count of real tokens, once the mask
@@ -157,6 +166,13 @@ class Serving(tf.Module):
                 "(Hugging Face tokenizers: padding_side='left')")),
         ]
         return _after(tf.where(mask == 1, input_ids, 0), *checks), _after(tf.reduce_sum(mask, axis=1), *checks)
+
+
+def by_device(on_cpu, elsewhere):
+    """The results of `on_cpu()` where the graph's ops are placed on a CPU, else of `elsewhere()`:
+    the graph holds both, and the device picks one each time it runs (`DeviceIndex`, resolved
+    by TensorFlow's optimizer for the device of the `Case` op it feeds). Under XLA, `elsewhere()`."""
+    return tf.__internal__.execute_fn_for_device({"CPU": on_cpu}, default_fn=elsewhere)
 
 
 def _rank_2(x):
@@ -184,8 +200,11 @@ def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot
         else model_dir_or_model
     module = Serving(model, stop_at_eot=stop_at_eot, eot=eot)
     with new_folder(target) as tmp:
+        # No gradients: serving takes none, and tracing the custom gradient of every product
+        # would make the export much slower
         tf.saved_model.save(module, tmp, signatures={"serving_default": module.logits, "generate": module.generate,
-                                                     "generate_with_controls": module.generate_with_controls})
+                                                     "generate_with_controls": module.generate_with_controls},
+                            options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
     return target
 
 

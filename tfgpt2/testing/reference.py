@@ -108,6 +108,9 @@ def _import_original(reference_src):
 
     import tensorflow.compat.v1 as tf
     tf.disable_v2_behavior()
+    # The oracle computes in float32 on every device: no TensorFloat-32 (on by default on NVIDIA
+    # GPUs from Ampere on) in this process of its own
+    tf.config.experimental.enable_tensor_float_32_execution(False)
 
     class HParams:
         """Stand-in for tensorflow.contrib.training.HParams (attributes + override_from_dict)."""

@@ -94,6 +94,8 @@ class TrainConfig:
                                      "scaling); on a CPU only with --no_xla (XLA's CPU dots are float32), faster "
                                      "where oneDNN's bfloat16 kernels are",
                           choices=("float32", "mixed_bfloat16", "mixed_float16"))
+    tf32: bool = switch("let float32 products use TensorFloat-32 on the GPUs that have it (NVIDIA Ampere on): "
+                        "faster, further from float32 (docs/precision.md)")
     remat: bool = switch("recompute each block in the backward pass: less memory, more time")
     lora_rank: int | None = integer(None, "train LoRA adapters of this rank only (every other weight frozen); "
                                    "model-<step> holds the merged weights, lora-<step> the adapters", low=1)

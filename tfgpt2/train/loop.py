@@ -65,7 +65,8 @@ def build_trainer(config, strategy, source, prefix, adapters=None):
     (--lora_rank) from the adapter checkpoint `adapters` or afresh, the model and the
     optimizer's state made in the strategy's scope."""
     with strategy.scope():
-        model = load_model(source, checkpoint=prefix, dtype=config.precision, remat=config.remat, lora=adapters)
+        model = load_model(source, checkpoint=prefix, dtype=config.precision, remat=config.remat, lora=adapters,
+                           tf32=config.tf32)
         if config.lora_rank and not adapters:
             model.enable_lora(config.lora_rank, config.lora_targets, lora_alpha=config.lora_alpha, seed=config.seed)
     variables = trained_variables(model, config.only_train_transformer_layers)
