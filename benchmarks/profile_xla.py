@@ -35,7 +35,7 @@ GROUPS = ("block weights", "attention", "output layer", "optimizer", "other")
 
 def group_of(op_type, op_name):
     """The group of an HLO instruction from its TensorFlow op's type and name."""
-    product = op_type in ("MatMul", "BatchMatMulV2", "Einsum")
+    product = op_type in ("MatMul", "BatchMatMulV2", "Einsum", "XlaDot", "XlaDotV2")
     if re.search(r"Adam|optimizer|AssignVariableOp|AssignSubVariableOp|AssignAddVariableOp", op_name + op_type):
         return "optimizer"
     if product and re.search(r"/(c_attn|c_proj|c_fc)", op_name):

@@ -9,6 +9,7 @@ def test_groups_follow_the_tensorflow_op():
     assert group_of("MatMul", "while/h3_1/mlp_1/c_fc_1/MatMul") == "block weights"
     assert group_of("MatMul", "gradient_tape/model_1/h0_1/attn_1/c_attn_1/MatMul/MatMul") == "block weights"
     assert group_of("BatchMatMulV2", "while/h1_1/attn_1/MatMul_1") == "attention"
+    assert group_of("XlaDotV2", "while/h1_1/attn_1/XlaDotV2_1") == "attention"  # tfgpt2.products' float32
     assert group_of("MatMul", "gradient_tape/model_1/MatMul/MatMul_1") == "output layer"
     assert group_of("AssignVariableOp", "adam/AssignVariableOp_12") == "optimizer"
     assert group_of("Tanh", "model_1/h0_1/mlp_1/Tanh") == "other"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorflow as tf
+from tensorflow.compiler.xla import xla_data_pb2
 
 from tests.conftest import ATOL
 from tfgpt2 import load_model
@@ -123,8 +124,19 @@ def while_loops(graph_def):
     return sum(n.op in ("While", "StatelessWhile") for n in all_nodes(graph_def))
 
 
+def is_product(op_type):
+    """tf.matmul's ops, or XLA's dot (`tfgpt2.products`' float32 products)."""
+    return op_type == "MatMul" or op_type.startswith(("BatchMatMul", "XlaDot"))
+
+
+def is_batched(op):
+    if op.type.startswith("XlaDot"):
+        return bool(xla_data_pb2.DotDimensionNumbers.FromString(op.get_attr("dimension_numbers")).lhs_batch_dimensions)
+    return op.type.startswith("BatchMatMul")
+
+
 def products(graph_def):
-    return [n for n in all_nodes(graph_def) if n.op == "MatMul" or n.op.startswith("BatchMatMul")]
+    return [n for n in all_nodes(graph_def) if is_product(n.op)]
 
 
 @pytest.mark.parametrize("layout, rows, batched", [(8, 1, True), (8, 2, False), (None, 1, False), (7, 1, False)])
@@ -137,8 +149,8 @@ def test_split_layout_is_one_batched_product_of_the_weight_as_stored(layout, row
     conv.build()
     x = tf.random.normal([rows, 64])
     graph = tf.function(lambda x: project(conv, x, layout)).get_concrete_function(x).graph
-    (product,) = [op for op in graph.get_operations() if op.type == "MatMul" or op.type.startswith("BatchMatMul")]
-    assert product.type.startswith("BatchMatMul") == batched, product.type
+    (product,) = [op for op in graph.get_operations() if is_product(op.type)]
+    assert is_batched(product) == batched, product.type
     if batched:
         weight = product.inputs[1].op
         while weight.type in ("Identity", "Cast"):
@@ -190,8 +202,15 @@ def loop_graph(tiny):
 
 
 def kind(op):
-    """An op's type, its versions as one (BatchMatMulV2, V3; While, StatelessWhile)."""
-    return "BatchMatMul" if op.startswith("BatchMatMul") else "While" if op.endswith("While") else op
+    """An op's type, its versions as one (BatchMatMulV2, V3, XLA's dot as `tfgpt2.products`
+    writes the attention's; While, StatelessWhile)."""
+    return "BatchMatMul" if op.startswith(("BatchMatMul", "XlaDot")) else "While" if op.endswith("While") else op
+
+
+def readers(nodes, name):
+    """The kinds of the nodes that read node `name`'s output, less a custom gradient's IdentityN
+    (which forwards a product's operands for its gradient, unread here: XLA drops it)."""
+    return sorted(kind(n.op) for n in consumers(nodes, name) if n.op != "IdentityN")
 
 
 def consumers(nodes, name):
@@ -216,14 +235,13 @@ def test_generation_updates_the_cache_in_place(tiny, loop_graph, batch, longest)
     assert len(updates) == 2 * hp.n_layer
     for update in updates:
         assert update.input[0] in inputs, f"{update.name} updates {update.input[0]}, not the loop's buffer"
-        readers = sorted(kind(n.op) for n in consumers(body.node_def, update.name))
-        assert readers == ["BatchMatMul", "Identity"], (update.name, readers)
+        assert readers(body.node_def, update.name) == ["BatchMatMul", "Identity"], update.name
         (out,) = [n for n in consumers(body.node_def, update.name) if n.op == "Identity"]
         assert f"{out.name}:output:0" in body.ret.values(), f"{update.name} is not the loop's next buffer"
     prefill = [n for n in graph.node if n.op == "XlaDynamicUpdateSlice"]
     assert len(prefill) == (2 * hp.n_layer if longest > 1 else 0)
     for update in prefill:
-        assert sorted(kind(n.op) for n in consumers(graph.node, update.name)) == ["BatchMatMul", "While"], update.name
+        assert readers(graph.node, update.name) == ["BatchMatMul", "While"], update.name
 
 
 def test_the_sampler_is_compiled_once(tiny, loop_graph):
