@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tests.conftest import ATOL
+from tests.test_products import products
 from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.formats.saved_model import by_device, checkpoint_bytes, export_saved_model, folder_bytes
 from tfgpt2.sample import generate
@@ -594,8 +595,7 @@ NO_GPU = dict(CUDA_VISIBLE_DEVICES="")  # a child process that sees no GPU
 def branches(exported):
     """For each `by_device` in the SavedModel's graph: (the op types the CPU branch runs, those
     the other branch runs), each with every function it calls."""
-    with open(os.path.join(exported, "saved_model.pb"), "rb") as f:
-        graph = saved_model_pb2.SavedModel.FromString(f.read()).meta_graphs[0].graph_def
+    graph = saved_model_graph(exported)
     functions = {f.signature.name: f for f in graph.library.function}
 
     def ops(name, seen):
@@ -619,6 +619,17 @@ def branches(exported):
                 cpu, other = (f.name for f in node.attr["branches"].list.func)
                 found.append((ops(cpu, set()), ops(other, set())))
     return found
+
+
+def saved_model_graph(exported):
+    with open(os.path.join(exported, "saved_model.pb"), "rb") as f:
+        return saved_model_pb2.SavedModel.FromString(f.read()).meta_graphs[0].graph_def
+
+
+def test_every_product_is_full_float32(exported):
+    """Every float32 product of the signatures (logits, and each generation loop) is XLA's dot
+    at precision HIGHEST (`tfgpt2.products`): float32 on a GPU whatever the server's settings."""
+    assert list(products(saved_model_graph(exported))) == ["HIGHEST"]
 
 
 def test_generate_holds_a_loop_for_the_cpu_and_one_for_other_devices(exported):

@@ -10,11 +10,10 @@ import pytest
 import tensorflow as tf
 import keras
 from tensorflow.compiler.xla import xla_data_pb2
-from tensorflow.core.protobuf import saved_model_pb2
 
 import tfgpt2
 from tfgpt2.formats import checkpoint
-from tfgpt2.formats.saved_model import export_saved_model
+from tfgpt2.formats.saved_model import Serving
 from tfgpt2.hparams import default_hparams
 from tfgpt2.model import GPT2
 from tfgpt2.products import matmul
@@ -40,11 +39,6 @@ def products(graph_def):
             continue
         found[kind] = found.get(kind, 0) + 1
     return found
-
-
-def saved_model_products(path):
-    with open(f"{path}/saved_model.pb", "rb") as f:
-        return products(saved_model_pb2.SavedModel.FromString(f.read()).meta_graphs[0].graph_def)
 
 
 @pytest.mark.parametrize("transpose_a, transpose_b, batch", [
@@ -94,28 +88,30 @@ def forward_products(model):
 
 
 @pytest.mark.slow
-def test_every_product_of_model_training_and_saved_model(tiny_dir, tmp_path):
-    """The forward pass with LoRA adapters, a training step (forward, gradients, update) and an
-    exported SavedModel (logits, and the generation loops for every device): every float32
-    product is XLA's dot at HIGHEST."""
+def test_every_product_of_the_model_and_a_training_step(tiny_dir):
+    """The forward pass with LoRA adapters and a training step (forward, gradients, update):
+    every float32 product is XLA's dot at HIGHEST (test_export checks an exported SavedModel's:
+    its logits and its generation loops)."""
     model = tfgpt2.load_model(tiny_dir)
     model.enable_lora(2, ["c_attn", "c_fc"])
     per_layer = 4 + 2 + 2 * 2  # Conv1D's, attention's, the adapters'
     assert forward_products(model) == {"HIGHEST": per_layer * TINY["n_layer"] + 1}
     step = Trainer(model, keras.optimizers.Adam(1e-3))._step.get_concrete_function(tf.TensorSpec([2, 9], tf.int32))
     assert list(products(step.graph.as_graph_def())) == ["HIGHEST"]
-    assert list(saved_model_products(export_saved_model(model, str(tmp_path / "export")))) == ["HIGHEST"]
 
 
 @pytest.mark.slow
 def test_tf32_is_kept_by_the_model_and_asked_by_the_commands(tiny_dir, tmp_path, monkeypatch, signals):
-    """`tf32=True` makes every product `tf.matmul` and is kept in get_config (and so in .keras
-    files); --tf32 loads the model with it in every command that runs one, and `tfgpt2 export
-    --tf32` writes a SavedModel that keeps it."""
+    """`tf32=True` makes every product `tf.matmul`, in the SavedModel's signatures too, and is
+    kept in get_config (and so in .keras files); --tf32 loads the model with it in every command
+    that runs one."""
     hparams = default_hparams().override_from_dict(TINY)
     model = GPT2(hparams, tf32=True)
     model.enable_lora(2, ["c_attn", "c_fc"])
     assert forward_products(model) == {"tf.matmul": (4 + 2 + 2 * 2) * TINY["n_layer"] + 1}
+    serving = Serving(model)
+    for signature in (serving.logits, serving.generate):
+        assert list(products(signature.get_concrete_function().graph.as_graph_def())) == ["tf.matmul"]
     assert GPT2.from_config(model.get_config()).tf32 is True
     assert GPT2.from_config(GPT2(hparams).get_config()).tf32 is False
 
@@ -127,10 +123,10 @@ def test_tf32_is_kept_by_the_model_and_asked_by_the_commands(tiny_dir, tmp_path,
     dataset, prompts = tmp_path / "text.txt", tmp_path / "prompts.jsonl"
     dataset.write_text("Some text to read. " * 40)
     prompts.write_text('{"prompt": "Some text"}\n')
-    model = ["--model_dir", tiny_dir, "--tf32"]
-    commands = {"generate": model, "interactive": model,
-                "generate-batch": model + ["--input", str(prompts), "--output", str(tmp_path / "out.jsonl")],
-                "evaluate": model + ["--dataset", str(dataset)], "export": model + [str(tmp_path / "e")],
+    flags = ["--model_dir", tiny_dir, "--tf32"]
+    commands = {"generate": flags, "interactive": flags,
+                "generate-batch": flags + ["--input", str(prompts), "--output", str(tmp_path / "out.jsonl")],
+                "evaluate": flags + ["--dataset", str(dataset)], "export": flags + [str(tmp_path / "e")],
                 "train": ["--dataset", str(dataset), "--model_name", tiny_dir.rsplit("/", 1)[1], "--models_dir",
                           tiny_dir.rsplit("/", 1)[0], "--tf32", "--checkpoint_dir", str(tmp_path / "c")]}
     from tfgpt2.cli.main import main
@@ -141,10 +137,6 @@ def test_tf32_is_kept_by_the_model_and_asked_by_the_commands(tiny_dir, tmp_path,
         with pytest.raises(Loaded) as loaded:
             main([command, *argv])
         assert loaded.value.args[0]["tf32"] is True, command
-    monkeypatch.undo()
-    from tfgpt2.cli.export import main as export
-    assert export(model + [str(tmp_path / "tf32")]) == 0
-    assert list(saved_model_products(tmp_path / "tf32" / "1")) == ["tf.matmul"]
 
 
 @pytest.mark.gpu

@@ -522,8 +522,8 @@ class GPT2(keras.Model):
     (`recompute`): less memory for fine-tuning, one more forward pass of time. `lora`: the
     arguments of `enable_lora` ({"rank", "alpha", "targets"}), as `get_config` records them.
     `tf32=True` lets float32 products use TensorFloat-32 where TensorFlow's settings allow it
-    (NVIDIA GPUs from Ampere on: faster, ~1e-2 off the original's logits); by default they are
-    full float32 on every device (`tfgpt2.products`, docs/precision.md).
+    (NVIDIA GPUs from Ampere on: faster, less exact); by default they are full float32 on every
+    device (`tfgpt2.products`, docs/precision.md).
 
     Saved the Keras way (`model.save("x.keras")`), it loads with `keras.models.load_model`
     wherever `tfgpt2.model` has been imported (which registers it).

@@ -3,7 +3,7 @@
 TensorFlow multiplies float32 matrices in TensorFloat-32 (10-bit mantissas) on NVIDIA GPUs from
 Ampere on, a process-wide setting (`tf.config.experimental.enable_tensor_float_32_execution`)
 that cuBLAS reads at run time and XLA's bridge at compile time: float32 logits then differ from
-the original's by ~1e-2. XLA's dot op carries its own precision, so a float32 product here is
+the original's far beyond float32's rounding. XLA's dot op carries its own precision, so a float32 product here is
 that op at precision HIGHEST (full float32 whatever the setting, on a CPU the same numbers as
 `tf.matmul`), with its gradient written out of the same products. With `tf32=True`, and in any
 16-bit dtype (where TensorFloat-32 does not apply), it is `tf.matmul`, as precise as TensorFlow's

@@ -23,8 +23,8 @@ Signatures (requests for TF Serving's REST API in docs/serving.md):
 clamp bad ids silently), which XLA compiles once per (batch, prompt bucket, total bucket).
 
 Devices: `generate` holds two loops and picks one when it runs, by the kind of device its ops
-are placed on (`by_device`): on a CPU, the CPU weight layouts
-(`decoding.layouts`) where they pay; on a GPU (or any other device), the layers' own products.
+are placed on (`by_device`): on a CPU, the CPU weight layouts (`decoding.layouts`) where they
+pay; on a GPU (or any other device), the layers' own products.
 So one SavedModel, exported anywhere, serves at each device's speed, with the same numbers.
 Float32 products are full float32 on every device unless the model was exported with
 `tf32=True` (`tfgpt2.products`): a server that changed no TensorFlow setting computes float32.
@@ -181,7 +181,8 @@ def _rank_2(x):
     return tf.ensure_shape(x, [None, None])
 
 
-def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot=False, eot=EOT_TOKEN, dtype=None):
+def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot=False, eot=EOT_TOKEN, dtype=None,
+                       tf32=False):
     """Write the SavedModel to `<export_dir>/<version>/`, TF Serving's layout; returns that path.
 
     `model_dir_or_model` is a model folder or a `GPT2`. `stop_at_eot` fixes for every request
@@ -189,15 +190,16 @@ def export_saved_model(model_dir_or_model, export_dir, version=1, *, stop_at_eot
     renamed when complete, so a server watching `export_dir` never loads half of it; an
     existing version is never overwritten. `dtype`: the dtype policy a model folder is loaded
     with (a bfloat16 SavedModel stores bfloat16 variables and computes in bfloat16; its logits
-    are float32).
+    are float32), and `tf32` (TensorFloat-32 allowed, as `GPT2`'s; the SavedModel keeps it).
     """
     if int(version) < 0:
         raise ValueError(f"version must be >= 0, got {version}")
     target = os.path.join(export_dir, str(int(version)))
     if os.path.exists(target):
         raise FileExistsError(f"{target} exists; export another version or remove it")
-    model = load_model(model_dir_or_model, dtype=dtype) if isinstance(model_dir_or_model, (str, os.PathLike)) \
-        else model_dir_or_model
+    model = model_dir_or_model
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(model, dtype=dtype, tf32=tf32)
     module = Serving(model, stop_at_eot=stop_at_eot, eot=eot)
     with new_folder(target) as tmp:
         # No gradients: serving takes none, and tracing the custom gradient of every product
