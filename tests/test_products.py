@@ -104,7 +104,7 @@ def test_every_product_of_the_model_and_a_training_step(tiny_dir):
 def test_tf32_is_kept_by_the_model_and_asked_by_the_commands(tiny_dir, tmp_path, monkeypatch, signals):
     """`tf32=True` makes every product `tf.matmul`, in the SavedModel's signatures too, and is
     kept in get_config (and so in .keras files); --tf32 loads the model with it in every command
-    that runs one."""
+    that runs one (and on each worker of generate-batch --engine beam)."""
     hparams = default_hparams().override_from_dict(TINY)
     model = GPT2(hparams, tf32=True)
     model.enable_lora(2, ["c_attn", "c_fc"])
@@ -124,7 +124,7 @@ def test_tf32_is_kept_by_the_model_and_asked_by_the_commands(tiny_dir, tmp_path,
     dataset.write_text("Some text to read. " * 40)
     prompts.write_text('{"prompt": "Some text"}\n')
     flags = ["--model_dir", tiny_dir, "--tf32"]
-    commands = {"generate": flags, "interactive": flags,
+    commands = {"generate": flags, "interactive": flags, "serve": flags,
                 "generate-batch": flags + ["--input", str(prompts), "--output", str(tmp_path / "out.jsonl")],
                 "evaluate": flags + ["--dataset", str(dataset)], "export": flags + [str(tmp_path / "e")],
                 "train": ["--dataset", str(dataset), "--model_name", tiny_dir.rsplit("/", 1)[1], "--models_dir",
@@ -137,6 +137,10 @@ def test_tf32_is_kept_by_the_model_and_asked_by_the_commands(tiny_dir, tmp_path,
         with pytest.raises(Loaded) as loaded:
             main([command, *argv])
         assert loaded.value.args[0]["tf32"] is True, command
+    from tfgpt2.bulk.handlers import GPT2ModelHandler  # generate-batch --engine beam, on each worker
+    with pytest.raises(Loaded) as loaded:
+        GPT2ModelHandler(tiny_dir, {}, length=1, batch_size=1, tf32=True).load_model()
+    assert loaded.value.args[0]["tf32"] is True
 
 
 @pytest.mark.gpu

@@ -88,24 +88,24 @@ class _Handler(ModelHandler):
 
 class GPT2ModelHandler(_Handler):
     """RunInference over a model folder (local, or on any filesystem Beam reads), loaded once
-    per worker process with `tfgpt2.load_model` (`dtype`: the Keras dtype policy) and run by
-    `tfgpt2.generate`. Workers need tfgpt2 installed."""
+    per worker process with `tfgpt2.load_model` (`dtype`: the Keras dtype policy; `tf32`: as
+    `GPT2`'s) and run by `tfgpt2.generate`. Workers need tfgpt2 installed."""
 
-    def __init__(self, model_dir, keywords, *, length, batch_size, dtype="float32", large_model=False):
+    def __init__(self, model_dir, keywords, *, length, batch_size, dtype="float32", tf32=False, large_model=False):
         super().__init__(model_dir, keywords, length=length, batch_size=batch_size, large_model=large_model)
-        self._dtype = dtype
+        self._dtype, self._tf32 = dtype, tf32
 
     def load_model(self):
-        return FolderModel(local_copy(self._path), self._keywords, self._length, self._dtype)
+        return FolderModel(local_copy(self._path), self._keywords, self._length, self._dtype, self._tf32)
 
 
 class FolderModel:
     """A model folder's model and vocabulary, loaded, and how it generates rows."""
 
-    def __init__(self, folder, keywords, length, dtype):
+    def __init__(self, folder, keywords, length, dtype, tf32=False):
         from ..formats.checkpoint import load_model
         from ..formats.folders import encoder_of
-        self.model, self.enc = load_model(folder, dtype=dtype), encoder_of(folder)
+        self.model, self.enc = load_model(folder, dtype=dtype, tf32=tf32), encoder_of(folder)
         self.keywords, self.length = keywords, length
 
     def rows(self, requests):

@@ -95,6 +95,8 @@ def arguments(argv, prog="tfgpt2 generate-batch"):
         p.error("--saved_model needs --engine beam")
     if args.engine == "beam" and args.workers > 1:
         p.error("--workers is the local engine's: Beam's workers are set by its options after --")
+    if args.saved_model and args.tf32:
+        p.error("--tf32 does not apply to --saved_model (a SavedModel keeps the tf32 it was exported with)")
     if args.seed is None:
         args.seed = int(np.random.randint(2**31))  # one seed for the run, shared by its workers
     return args
@@ -202,7 +204,7 @@ def run_beam(args, options):
         length = checked_length(args, enc, n_ctx, n_vocab)
         settings = dict(keywords=keywords(args, enc), length=length, batch_size=args.batch_size)
         handler = handlers.GPT2SavedModelHandler(path, enc.encoding, n_vocab=n_vocab, eot=enc.eot_token, **settings) \
-            if args.saved_model else handlers.GPT2ModelHandler(path, dtype=args.dtype, **settings)
+            if args.saved_model else handlers.GPT2ModelHandler(path, dtype=args.dtype, tf32=args.tf32, **settings)
         if not any(option.startswith("--default_sdk_harness_log_level") for option in options):
             options = [*options, "--default_sdk_harness_log_level=WARNING"]  # the workers' INFO lines off
         start = time.monotonic()

@@ -17,7 +17,7 @@ import sys
 
 from .args import Parser, ranged
 from ..formats.folders import encoder_of
-from .common import DTYPES, add_model_flags, add_quiet, model_dir, parse
+from .common import DTYPES, add_model_flags, add_quiet, add_tf32, model_dir, parse
 
 
 def main(argv=None, prog="tfgpt2 serve"):
@@ -40,6 +40,7 @@ def main(argv=None, prog="tfgpt2 serve"):
                              "token (on a GPU, 8), fewer let new requests in sooner (default 1)")
     parser.add_argument("--served_model_name", metavar="NAME",
                         help="the model's id in the API (default: the model folder's name)")
+    add_tf32(parser)
     add_quiet(parser)
     args, progress = parse(parser, argv)
     if args.prefill_chunk & (args.prefill_chunk - 1):
@@ -52,7 +53,7 @@ def main(argv=None, prog="tfgpt2 serve"):
     try:
         folder = model_dir(args)
         progress.note(f"loading {folder} ({args.dtype})")
-        model, encoder = load_model(folder, dtype=args.dtype), encoder_of(folder)
+        model, encoder = load_model(folder, dtype=args.dtype, tf32=args.tf32), encoder_of(folder)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or os.path.basename(os.path.normpath(folder))
