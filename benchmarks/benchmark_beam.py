@@ -39,11 +39,11 @@ ENGINES = {"local, --workers 2": ["--workers", "2"],
 
 
 def write_prompts(path, count, seed=0):
-    """`count` prompts of 4 to 40 words (several length buckets) as a JSONL file."""
+    """`count` prompts of 4 to 20 words (two length buckets) as a JSONL file."""
     rng = np.random.default_rng(seed)
     with open(path, "w") as f:
         for _ in range(count):
-            f.write(json.dumps({"prompt": " ".join(rng.choice(WORDS, rng.integers(4, 41)))}) + "\n")
+            f.write(json.dumps({"prompt": " ".join(rng.choice(WORDS, rng.integers(4, 21)))}) + "\n")
 
 
 def rows(output):
@@ -91,7 +91,7 @@ def tables(seconds, prompts):
     return [report.table(COLUMNS, rows_, "Bulk generation, whole commands")]
 
 
-NUMBERS = {"prompts": (256, "prompts in the input (4 to 40 words each)"), "length": (32, "new tokens per prompt"),
+NUMBERS = {"prompts": (128, "prompts in the input (4 to 20 words each)"), "length": (32, "new tokens per prompt"),
            "batch_size": (8, "generate-batch's --batch_size"), "runs": (3, "runs of each engine")}
 
 
@@ -107,10 +107,10 @@ def main(argv=None):
                                   batch_size=args.batch_size, runs=args.runs)
     if not same:
         sys.exit("error: the engines wrote different rows")
-    notes = [f"{args.prompts} prompts of 4 to 40 words, {args.length} new tokens each (top_k 40, seed 1), batches "
-             f"of {args.batch_size}; each run a whole command in a fresh process (start-up, loading and compiling "
-             f"included), the engines alternating, {args.runs} runs each (median and range). Every run wrote "
-             "the same rows.",
+    notes = [f"{args.prompts} prompts of 4 to 20 words (two length buckets), {args.length} new tokens each (top_k "
+             f"40, seed 1), batches of {args.batch_size}; each run a whole command in a fresh process (start-up, "
+             f"loading and compiling included), the engines alternating, {args.runs} runs each (median and range). "
+             "Every run wrote the same rows.",
              "Weights: random, 124M-shaped (std 0.1), made by the tool." if not args.model_dir else
              f"Model: {args.model_dir}."]
     settings = {k: getattr(args, k) for k in ("model_dir", *NUMBERS)}

@@ -177,3 +177,20 @@ def test_only_the_beam_engine_imports_beam():
     assert {m for m, names in imports.items() if names & {"tfgpt2.bulk.beam", "tfgpt2.bulk.handlers"}} == {
         "tfgpt2.bulk.beam"}
     assert not [n for n in imports["tfgpt2.bulk.handlers"] if n.split(".")[0] == "tfgpt2"]
+
+
+@slow
+def test_a_failed_pipeline_is_one_line_and_writes_no_rows(tiny_dir, tmp_path):
+    """A worker that cannot load its model (here the in-process runner's): PipelineError with
+    the runner's last line, no shards, no plan file left (only Beam's beam-temp-* folder, as
+    docs/distributed.md says)."""
+    from tfgpt2.bulk import beam as bulk_beam, handlers
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "the cat"}\n')
+    missing = str(tmp_path / "gone")
+    handler = handlers.GPT2ModelHandler(missing, dict(temperature=0, top_k=0, top_p=1.0), length=4, batch_size=2)
+    with pytest.raises(bulk_beam.PipelineError, match=f"the Beam pipeline failed: .*{missing}.* no rows were "
+                                                      f"written to {tmp_path / 'rows'}-"):
+        bulk_beam.generate_files(str(source), str(tmp_path / "rows"), handler, encoder_of(tiny_dir), n_ctx=64,
+                                 n_vocab=50257, length=4, batch_size=2, seed=1)
+    assert [name for name in sorted(os.listdir(tmp_path)) if not name.startswith("beam-temp-rows-")] == ["in.jsonl"]

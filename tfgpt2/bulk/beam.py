@@ -80,9 +80,13 @@ def generate_files(source, output, handler, enc, *, n_ctx, n_vocab, length, batc
     return sum(map(len, batches)), bad
 
 
+class PipelineError(RuntimeError):
+    """The pipeline failed on its runner (the runner's log says where); no shard was written."""
+
+
 def run(plan, output, handler, options):
     """Run the pipeline over the batches in the file `plan`, `handlers` sent by value (see
-    there); the rows written as shards of `output`."""
+    there); the rows written as shards of `output`. Raises PipelineError where it fails."""
     cloudpickle.register_pickle_by_value(handlers)
     try:
         with beam.Pipeline(options=PipelineOptions(list(options))) as pipeline:
@@ -93,5 +97,9 @@ def run(plan, output, handler, options):
                  | "Generate" >> RunInference(handler.with_no_batching())
                  | "Rows" >> beam.Map(json.dumps, ensure_ascii=False)
                  | "Write" >> beam.io.WriteToText(output))
+    except Exception as e:  # whatever the runner raises for a failed job
+        last = [line for line in str(e).splitlines() if line.strip()][-1:] or [type(e).__name__]
+        raise PipelineError(f"the Beam pipeline failed: {last[0].strip()} (the runner's log above has the rest); "
+                            f"no rows were written to {output}-*") from e
     finally:
         cloudpickle.unregister_pickle_by_value(handlers)

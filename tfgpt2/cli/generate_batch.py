@@ -211,7 +211,7 @@ def run_beam(args, options):
         rows, bad = beam.generate_files(args.input, args.output, handler, enc, n_ctx=n_ctx, n_vocab=n_vocab,
                                         length=length, batch_size=args.batch_size, seed=args.seed,
                                         context_keep=args.context_keep, options=options)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, beam.PipelineError) as e:
         return f"error: {e}"
     Progress(args.quiet).note(f"{rows} prompts in {time.monotonic() - start:.1f} s: {args.output}-*-of-*")
     if bad:
