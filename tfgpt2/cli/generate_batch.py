@@ -68,21 +68,22 @@ import time
 import numpy as np
 
 from ..bulk import lines, pool
+from ..formats.folders import model_path, vocabulary_source
 from ..hparams import load_hparams
 from .args import ranged
-from ..formats.folders import model_path, vocabulary_source
 from .common import Progress, check_flags, encoder_of, end_at_once, load, model_dir, sampling, sampling_parser
 
 HPARAMS_AND_VOCABULARY = ["hparams.json", "encoder.json", "vocab.bpe"]  # what planning reads of a model folder
 
 
 def arguments(argv, prog="tfgpt2 generate-batch"):
-    p = sampling_parser(prog, __doc__,
-                     length_help="tokens per continuation (default: half the model's n_ctx)")
+    p = sampling_parser(prog, __doc__, length_help="tokens per continuation (default: half the model's n_ctx)")
     p.set_defaults(batch_size=8)
     p.add_argument("--input", required=True, help="JSONL file, one {\"prompt\": text} per line")
-    p.add_argument("--output", required=True, help="JSONL file the rows are appended to (resumed if it exists)")
-    p.add_argument("--skip_bad", action="store_true", help="skip bad input lines (counted) instead of stopping")
+    p.add_argument("--output", required=True, help="JSONL file the rows are appended to (resumed if it exists); "
+                                                    "with --engine beam, the prefix of the files written")
+    p.add_argument("--skip_bad", action="store_true",
+                   help="skip bad input lines (counted) instead of stopping (with --engine beam: exit 0)")
     p.add_argument("--workers", type=ranged(int, 1), default=1, help="processes sharing the batches (default 1)")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --workers for its children
     p.add_argument("--engine", choices=["local", "beam"], default="local",
