@@ -96,6 +96,9 @@ def _uniform(n, seed):
     (n numbers of its stream) or one pair per row [n, 2] (the first number of each row's own
     stream: what the row draws when it is generated alone)."""
     seed = tf.convert_to_tensor(seed)
+    if seed.shape.rank == 2 and seed.shape[0] is not None:  # unrolled: a loop waits for the host each step on a GPU
+        return tf.stack([tf.random.stateless_uniform([1], seed=seed[row], alg="philox")[0]
+                         for row in range(seed.shape[0])])
     if seed.shape.rank == 2:
         return tf.map_fn(lambda s: tf.random.stateless_uniform([1], seed=s, alg="philox")[0], seed,
                          fn_output_signature=tf.float32)
