@@ -25,15 +25,9 @@ def run_tool(tool, *flags, env=None, timeout=600):
 
 
 def run_main(tool, *flags):
-    """The tool's main() on FLAGS in this process (a tool that runs in one process): its
-    status. gpu_check turns TensorFloat-32 off for the process; it is put back."""
+    """The tool's main() on FLAGS in this process (a tool that runs in one process): its status."""
     import importlib
-    import tensorflow as tf
-    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
-    try:
-        return importlib.import_module(f"benchmarks.{tool}").main(list(flags))
-    finally:
-        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+    return importlib.import_module(f"benchmarks.{tool}").main(list(flags))
 
 
 def table_lines(markdown, columns):
@@ -255,16 +249,19 @@ def test_gpu_check_script_without_nvidia_smi_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_on_the_cpu(tiny_dir, tmp_path):
-    """--cpu-only: every step of the GPU check, with the CPU as the device."""
+    """--cpu-only: every TensorFlow stage of the GPU check, in this process, with the CPU as the device."""
     assert run_main("gpu_check", "--cpu-only", "--model_dir", tiny_dir, "--batch", "1", "--short", "4", "--long",
                     "12", "--runs", "1", "--greedy", "6", "--train_batch", "1", "--train_length", "8", "--steps", "1",
-                    "--report", str(tmp_path)) == 0
+                    "--no_hf", "--report", str(tmp_path)) == 0
     data = assert_report(str(tmp_path), "cpu-dry-run", "gpu_check.py")
-    checks, decode, train = (rows(data, i) for i in range(3))
+    checks, variants, decode, train = (rows(data, i) for i in range(4))
     assert all(c["ok"] is not False for c in checks) and data["settings"]["checks_passed"] is True
-    assert checks[0]["value"] <= 5e-4 and checks[3]["ok"] is True
+    assert checks[0]["value"] <= 5e-4 and checks[1]["value"] <= 5e-4 and checks[-1]["ok"] is True
+    assert [v["variant"] for v in variants] == ["default"] and variants[0]["ms_per_token"]["median"] > 0
     assert [(r["dtype"], r["batch"]) for r in decode] == [("float32", 1), ("bfloat16", 1)]
+    assert all(r["ms_per_token"]["median"] > 0 for r in decode)
     assert [r["precision"] for r in train] == ["float32", "mixed_bfloat16"]
+    assert all(r["tokens_per_s"]["median"] > 0 for r in train)
     assert data["headlines"] == [] and "Dry run" in data["notes"][0]
 
 
