@@ -16,7 +16,7 @@ from tfgpt2.train.config import TrainConfig
 FORKS = {"dataset", "model_name", "models_dir", "combine", "encoding", "batch_size", "learning_rate", "optimizer",
          "accumulate_gradients", "only_train_transformer_layers", "run_name", "restore_from", "sample_every",
          "sample_length", "sample_num", "save_every", "val_dataset", "val_batch_size", "val_batch_count",
-         "val_every", "top_k"}
+         "val_every", "top_k", "top_p", "noise"}
 
 
 def test_the_flags_are_the_configs_settings_with_its_defaults():
@@ -54,6 +54,10 @@ def test_flags_and_keywords_make_the_same_config():
     ("remat", 1, "--remat must be True or False, got 1"),
     ("lora_targets", [], "--lora_targets must be one or more names, got []"),
     ("model_name", 124, "--model_name must be a string, got 124"),
+    ("noise", 1.5, "--noise must be a number from 0 to 1, got 1.5"),
+    ("top_p", -0.1, "--top_p must be a number from 0 to 1, got -0.1"),
+    ("max_bad_steps", -1, "--max_bad_steps must be an integer >= 0, got -1"),
+    ("encoding", "nope-8", "--encoding: unknown text encoding 'nope-8'"),
 ])
 def test_a_value_out_of_range_names_its_flag(name, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -70,6 +74,16 @@ def test_the_command_reports_the_configs_error_as_a_usage_line(capsys):
             parse_config(["--dataset", "d", *argv], prog="tfgpt2 train")
         assert e.value.code == 2
         assert capsys.readouterr().err == f"tfgpt2 train: error: {message} (see --help)\n"
+
+
+def test_the_forks_names_and_flags():
+    """nshepperd's --memory_saving_gradients (gpt-2-simple's use_memory_saving_gradients) is
+    --remat; --noise and --top_p are the forks' settings, taken as they are."""
+    assert parse_config(["--dataset", "d", "--memory_saving_gradients"]) == TrainConfig(dataset="d", remat=True)
+    assert TrainConfig.of(dataset="d", use_memory_saving_gradients=True).remat is True
+    config = parse_config(["--dataset", "d", "--noise", "0.1", "--top_p", "0.9", "--max_bad_steps", "2"])
+    assert (config.noise, config.top_p, config.max_bad_steps) == (0.1, 0.9, 2)
+    assert (config.model_name, config.base_model) == (None, "124M")  # a run continues from its own model
 
 
 def test_rules_across_settings_and_unknown_ones():

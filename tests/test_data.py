@@ -106,3 +106,15 @@ def test_bad_datasets_are_clear_errors(enc, tmp_path):
         data.Windows([np.arange(3), np.arange(2)], 5, name="small")
     with pytest.raises(data.DatasetError, match="0 tokens in 0 chunks"):
         data.Windows([], 5)
+
+
+def test_noise_replaces_a_share_of_the_tokens_as_the_forks():
+    """The forks' --noise: each token, with probability p, becomes an id drawn from [0, n_vocab);
+    the same for the same seed (a resumed run draws it again), other for another."""
+    tokens = tf.constant(np.arange(20000).reshape(4, 5000) % 50257, tf.int32)
+    seed = tf.constant([1, 2], tf.int64)
+    out = data.noised(tokens, 0.25, 50257, seed).numpy()
+    assert 0.235 < (out != tokens.numpy()).mean() < 0.265 and out.min() >= 0 and out.max() < 50257
+    np.testing.assert_array_equal(out, data.noised(tokens, 0.25, 50257, seed).numpy())
+    assert (out != data.noised(tokens, 0.25, 50257, seed + 1).numpy()).any()
+    np.testing.assert_array_equal(data.noised(tokens, 0.0, 50257, seed).numpy(), tokens.numpy())

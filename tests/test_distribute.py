@@ -9,7 +9,6 @@ would divide near-zero gradient components by their own magnitude and turn that 
 into differences up to its learning rate: the Adam runs (test_train's micro model) check the
 keys' bias, whose gradient is such rounding, by the size of its move.
 """
-import ast
 import json
 import os
 import signal
@@ -50,7 +49,7 @@ for argv, mirrored in json.load(open(sys.argv[1])):
         result = loop.train(parse_config(argv), strategy if mirrored else None)
     except ValueError as e:
         result = f"error: {e}"
-    print("result:", repr(result), flush=True)
+    print("result:", json.dumps(result), flush=True)
 """
 
 
@@ -130,7 +129,10 @@ def mirrored(tiny_dir, micro_dir, corpus, tmp_path_factory):
     runs = {"sgd": (flags(tiny_dir, corpus, tmp / "sgd"), True),
             "batch 3": (flags(tiny_dir, corpus, tmp / "batch 3", "--batch_size", "3"), True)}
     adapters = ("--accumulate_gradients", "2", "--learning_rate", "1e-2", "--lora_rank", "2", "--no_xla")
-    for name, extra in [("adam", ()), ("adam accumulated", ("--accumulate_gradients", "2")), ("lora", adapters)]:
+    skipping = ("--learning_rate", "1e30", "--max_bad_steps", "5", "--steps", "3", "--save_every", "1",
+                "--max_checkpoints", "3")
+    for name, extra in [("adam", ()), ("adam accumulated", ("--accumulate_gradients", "2")), ("lora", adapters),
+                        ("skipping", skipping)]:
         (tmp / name).mkdir()
         runs[name] = (micro_flags(micro_dir, tmp / name, "mirrored", *extra), True)
         runs[f"{name} single"] = (micro_flags(micro_dir, tmp / name, "single", *extra), False)
@@ -138,7 +140,7 @@ def mirrored(tiny_dir, micro_dir, corpus, tmp_path_factory):
     done = subprocess.run([sys.executable, "-c", MIRRORED, str(tmp / "runs.json")], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    results = [ast.literal_eval(line[len("result: "):]) for line in done.stdout.splitlines()
+    results = [json.loads(line[len("result: "):]) for line in done.stdout.splitlines()
                if line.startswith("result: ")]
     assert len(results) == len(runs), done.stdout
     return {name: (tmp / name, result) for name, result in zip(runs, results)}
@@ -195,6 +197,26 @@ def test_lora_on_two_replicas_equals_one_device(mirrored):
         if name != lora.CONFIG:
             assert np.abs(b[name]).max() > 0
             np.testing.assert_allclose(a[name], b[name], atol=1e-5, err_msg=name)
+
+
+def test_updates_whose_loss_is_not_finite_are_skipped_on_every_replica(mirrored):
+    """--max_bad_steps: the first update of 1e30 sends the next losses to NaN; those updates are
+    skipped, on both replicas as on one device (one replica's NaN skips all): the weights saved
+    at steps 2 and 3 are step 1's, bit for bit."""
+    folder = mirrored["skipping"][0]
+    for run, (_, history) in (("mirrored", mirrored["skipping"]), ("single", mirrored["skipping single"])):
+        assert [step for step, _ in history] == [1, 2, 3] and np.isfinite(history[0][1])
+        assert not np.isfinite([loss for _, loss in history[1:]]).any(), history
+        saved = [weights_of_step(folder / run, step) for step in (1, 2, 3)]
+        for name in saved[0]:
+            assert np.isfinite(saved[0][name]).all()
+            np.testing.assert_array_equal(saved[1][name], saved[0][name], err_msg=name)
+            np.testing.assert_array_equal(saved[2][name], saved[0][name], err_msg=name)
+
+
+def weights_of_step(run_dir, step):
+    reader = tf.train.load_checkpoint(str(run_dir / f"model-{step}"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
 
 
 def test_strategy_names(monkeypatch):

@@ -61,6 +61,24 @@ def test_a_model_is_a_folder_or_a_name_in_the_models_folder(tiny_dir, tmp_path, 
     assert load_model(name, models_dir=models).hparams == load_hparams(tiny_dir)
 
 
+def test_hugging_faces_names_are_the_published_folders(tiny_dir, tmp_path, monkeypatch):
+    """gpt2 / gpt2-medium name models/124M / models/355M wherever a model name is taken (a
+    folder of that name, where there is one, comes first); a missing one says how to download it."""
+    os.symlink(tiny_dir, tmp_path / "355M")
+    assert folders.model_folder("gpt2-medium", str(tmp_path)) == str(tmp_path / "355M")
+    assert folders.find_model_dir(str(tmp_path / "gpt2-medium")) == str(tmp_path / "355M")
+    from tfgpt2.train.run_folder import find_start
+    config = TrainConfig(dataset="-", model_name="gpt2-medium", models_dir=str(tmp_path),
+                         checkpoint_dir=str(tmp_path / "checkpoint"))
+    assert find_start(config)[1] == str(tmp_path / "355M")  # `tfgpt2 train --model_name gpt2-medium`
+    os.symlink(tiny_dir, tmp_path / "gpt2-medium")
+    assert folders.model_folder("gpt2-medium", str(tmp_path)) == str(tmp_path / "gpt2-medium")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=re.escape("models/124M: no such model folder; download it with "
+                                                          "`tfgpt2 download 124M`")):
+        folders.model_folder("gpt2", "models")
+
+
 @pytest.mark.parametrize("model, models_dir, argv, message", [
     ("124M", "models", ["--model_name", "124M", "--models_dir", "models"],
      "models/124M: no such model folder; download it with `tfgpt2 download 124M`"),

@@ -1,7 +1,11 @@
 """Fine-tuning against OpenAI's graph: the forks' loss and `tf.gradients`, TF1's AdamOptimizer,
 run folders that OpenAI's code restores, accumulation, resume, and bad input."""
+import dataclasses
 import os
 import re
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -273,7 +277,9 @@ def run_interrupted(monkeypatch, update, *args, **kwargs):
         return step(self, batch)
     monkeypatch.setattr(Trainer, "step", interrupted)
     try:
-        return run(*args, **kwargs)
+        with pytest.raises(loop.Interrupted) as e:  # once saved
+            run(*args, **kwargs)
+        return e.value.history
     finally:
         monkeypatch.undo()
 
@@ -283,7 +289,7 @@ def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_pa
              "--accumulate_gradients", "2", "--learning_rate", "1e-3", "--steps", "6", "--lr_schedule", "cosine",
              "--warmup_steps", "2", "--clip_norm", "1", "--weight_decay", "0.1", "--optimizer", "adamw",
              "--save_every", "2", "--max_checkpoints", "2", "--val_every", "3", "--val_batch_count", "2",
-             "--val_fraction", "0.3", "--no_xla")  # the reference tests above run the XLA step
+             "--val_fraction", "0.3", "--noise", "0.1", "--no_xla")  # the reference tests above run the XLA step
     whole = run(micro_dir, tmp_path, *flags, "--sample_every", "3", "--sample_num", "2", run_name="whole")
 
     first = run_interrupted(monkeypatch, 5, micro_dir, tmp_path, *flags, run_name="resumed")
@@ -389,6 +395,10 @@ def test_bad_data_is_a_clear_error(tiny_dir, tmp_path, capsys):
     _fails(capsys, tiny_dir, tmp_path, "bad.npz: arr_1[2] is token id 50257, outside [0, n_vocab=50257)",
            "--dataset", bad_ids)
     _fails(capsys, tiny_dir, tmp_path, "no such file", "--dataset", str(tmp_path / "missing.txt"))
+    whole = open(bad_ids, "rb").read()
+    (tmp_path / "cut.npz").write_bytes(whole[:len(whole) // 2])  # a copy that stopped half way
+    _fails(capsys, tiny_dir, tmp_path, "cut.npz: not a readable .npz file (BadZipFile", "--dataset",
+           str(tmp_path / "cut.npz"))
     os.chmod(short, 0)
     if not os.access(short, os.R_OK):  # root reads anything
         _fails(capsys, tiny_dir, tmp_path, "short.txt: cannot read", "--dataset", str(short))
@@ -414,16 +424,121 @@ def test_bad_flags_and_folders_are_clear_errors(tiny_dir, tmp_path, capsys):
     (run_dir / "checkpoint").write_text('model_checkpoint_path: "model-1"\n')
     saved = {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir) if not name.startswith("events")}
     (run_dir / "hparams.json").write_text(saved["hparams.json"].decode().replace('"n_layer": 2', '"n_layer": 3'))
+    resume = ["--checkpoint_dir", str(tmp_path / "checkpoint"), "--dataset", dataset, "--steps", "2",
+              "--sample_length", str(SAMPLE_LENGTH)]
     with pytest.raises(tfgpt2.CheckpointError, match="missing variables: model/h2/attn/c_attn/b"):
-        run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "2")
+        loop.train(train_cli.parse_config(resume))  # (given, --model_name tiny would be refused first)
     (run_dir / "hparams.json").write_bytes(saved["hparams.json"])
-    with pytest.raises(ValueError, match="already holds checkpoints"):
-        run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "2", "--restore_from", "fresh")
+    for start in ("fresh", tiny_dir):  # either would start over and rotate the run's checkpoints away
+        with pytest.raises(ValueError, match="already holds checkpoints"):
+            run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "2", "--restore_from", start)
     # --steps is the run's total: below the run's step, an error, not a silent exit
     with pytest.raises(ValueError, match=r"run1 is at step 1, past --steps 0: --steps is the run's total"):
         run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "0")
     assert run(tiny_dir, tmp_path, "--dataset", dataset, "--steps", "1") == []  # done already
     assert saved == {name: (run_dir / name).read_bytes() for name in saved}
+
+
+# ---- nothing lost ---------------------------------------------------------------------------
+
+def cli_flags(micro_dir, tmp_path, dataset, *more):
+    return ["--models_dir", os.path.dirname(micro_dir), "--model_name", os.path.basename(micro_dir),
+            "--checkpoint_dir", str(tmp_path / "checkpoint"), "--dataset", dataset, "--sample_every", "0",
+            "--print_every", "0", "--sample_length", str(SAMPLE_LENGTH), *more]
+
+
+def folder_files(run_dir):
+    """{name: bytes} of a run folder's files but its TensorBoard events and its lock."""
+    return {name: (run_dir / name).read_bytes() for name in sorted(os.listdir(run_dir))
+            if not name.startswith(("events.", ".lock"))}
+
+
+def test_a_run_that_diverges_stops_with_its_last_checkpoint_intact(micro_dir, tmp_path, capsys):
+    """Resuming a good run with --learning_rate 1e10: the loss goes NaN, and the run stops with
+    an error naming the step, saving nothing (it saved model-6, deleted the good model-3 and
+    exited 0). With --max_bad_steps 2 it skips two such updates first. Weights that are not
+    finite are never written by save_run."""
+    flags = cli_flags(micro_dir, tmp_path, ids_npz(tmp_path / "d.npz", random_ids(300)))
+    train_cli.main(flags + ["--steps", "3"])
+    run_dir = tmp_path / "checkpoint" / "run1"
+    good = folder_files(run_dir)
+    assert run_folder.checkpoint_steps(str(run_dir)) == [3]
+    for more, skipped in ((), 0), (("--max_bad_steps", "2"), 2):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            train_cli.main(flags + ["--steps", "20", "--learning_rate", "1e10", *more])
+        assert re.fullmatch(r"error: \S+run1: step \d+: the loss is nan, not finite: the run stops, saving nothing "
+                            r"\(its latest checkpoint: \S+run1/model-3\); try a lower --learning_rate, --clip_norm, "
+                            r"or --max_bad_steps to skip a few such updates", e.value.code), e.value.code
+        err = capsys.readouterr().err
+        assert err.count("the update is skipped") == skipped
+        assert folder_files(run_dir) == good
+    model = tfgpt2.load_model(str(run_dir))
+    model.wpe.assign(np.full(model.wpe.shape, np.nan, np.float32))
+    with pytest.raises(ValueError, match=r"step 4's weights are not finite \(model/wpe holds NaN or inf\): not "
+                                         r"saved, the run folder is as it was \(its latest: \S+model-3\)"):
+        run_folder.save_run(str(run_dir), model, make_optimizer("adam", 1e-3), 4)
+    assert folder_files(run_dir) == good
+
+
+def test_a_second_run_on_the_folder_is_refused_and_ctrl_c_saves_and_exits_130(micro_dir, tmp_path):
+    """The same run started twice: the second is refused, naming the first (pid and host),
+    whose checkpoints stay its own. Ctrl-C on the first saves, then exits with status 130 (0
+    before: a script could not tell it from a finished run). Its lock, left by a process that
+    is gone, is taken over by the next run, which continues the first's checkpoint."""
+    flags = cli_flags(micro_dir, tmp_path, ids_npz(tmp_path / "d.npz", random_ids(300)), "--print_every", "1")
+    with subprocess.Popen([sys.executable, "-m", "tfgpt2_cli", "train", *flags, "--steps", "100000"], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as first:
+        err = ""
+        while "[2] loss=" not in err:
+            line = first.stderr.readline()
+            assert line, err
+            err += line
+        with pytest.raises(SystemExit) as e:
+            train_cli.main(flags + ["--steps", "100000"])
+        assert re.fullmatch(rf"error: \S+run1 is in use by another training run \(pid {first.pid} on \S+, which holds "
+                            r"\S+run1/.lock\): wait for it to end, or choose another --run_name", e.value.code)
+        first.send_signal(signal.SIGINT)
+        err += first.stderr.read()
+        assert first.wait(timeout=300) == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    run_dir = tmp_path / "checkpoint" / "run1"
+    step = int((run_dir / "counter").read_text())
+    assert step >= 2 and run_folder.checkpoint_steps(str(run_dir)) == [step]
+    assert (run_dir / ".lock").read_text().startswith(f"pid {first.pid} on ")  # a lock of a process gone
+    train_cli.main(flags + ["--steps", str(step + 1)])
+    assert run_folder.checkpoint_steps(str(run_dir)) == [step + 1]
+    assert (run_dir / ".lock").read_text().startswith(f"pid {os.getpid()} on ")
+
+
+def test_a_run_continues_only_from_the_model_it_started_from(micro_dir, tiny_dir, tmp_path):
+    """`--model_name` given to a run started from another model is refused, naming both: from
+    the record of the model a run started from, or, for a run folder without it (gpt-2-simple's),
+    by its hparams. With its own --model_name (or none) the run continues."""
+    dataset = ids_npz(tmp_path / "d.npz", random_ids(300))
+    flags, other = cli_flags(micro_dir, tmp_path, dataset), cli_flags(tiny_dir, tmp_path, dataset)
+    loop.train(train_cli.parse_config(flags + ["--steps", "1"]))
+    with pytest.raises(ValueError, match=rf"run1 was started from {re.escape(micro_dir)}, not from --model_name tiny "
+                                         rf"\({re.escape(tiny_dir)}\); leave --model_name out to continue it"):
+        loop.train(train_cli.parse_config(other + ["--steps", "2"]))
+    os.remove(tmp_path / "checkpoint" / "run1" / "base_model.json")
+    with pytest.raises(ValueError, match=r"run1 was started from a model of hparams \{'n_vocab': 50257, 'n_ctx': 32, "
+                                         r"'n_embd': 32, 'n_head': 2, 'n_layer': 1\}, not from --model_name tiny"):
+        loop.train(train_cli.parse_config(other + ["--steps", "2"]))
+    assert [s for s, _ in loop.train(train_cli.parse_config(flags + ["--steps", "2"]))] == [2]
+
+
+def test_the_samples_take_the_forks_top_p(micro_dir, tmp_path):
+    """--top_p > 0 samples by nucleus sampling, as the forks' (and then not by --top_k)."""
+    from tfgpt2.train.config import TrainConfig
+    model, enc = tfgpt2.load_model(micro_dir), tfgpt2.get_encoder("micro", os.path.dirname(micro_dir))
+    config = TrainConfig(dataset="-", top_p=0.5, sample_length=SAMPLE_LENGTH, seed=3)
+    text = loop.write_samples(model, enc, config, str(tmp_path), 1)
+    row = tfgpt2.generate(model, [[enc.eot_token]], SAMPLE_LENGTH, top_k=0, top_p=0.5, seed=3 + 1)[0]
+    assert text == (tmp_path / "samples-1.txt").read_text() == "=" * 20 + " SAMPLE 0 " + "=" * 20 + "\n" + \
+        enc.decode(row[1:]) + "\n"
+    assert loop.write_samples(model, enc, dataclasses.replace(config, top_p=0.0), str(tmp_path), 1) != text
 
 
 def test_finetune_is_the_command_line_in_python(tiny_dir, tmp_path):

@@ -36,7 +36,8 @@ def training_parser(prog="tfgpt2 train"):
             options.update(nargs="+", metavar=rule["metavar"])
         elif rule.get("choices"):
             options["choices"] = rule["choices"]
-        p.add_argument(f"--{field.name}", **options)
+        p.add_argument(f"--{field.name}", *(f"--{alias}" for alias in rule.get("aliases", ())), dest=field.name,
+                       **options)
     return p
 
 

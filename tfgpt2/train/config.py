@@ -31,8 +31,8 @@ def text(default, help=None, *, choices=None, check=None):
     return _setting(default, help, str, choices=choices, check=check)
 
 
-def switch(help):
-    return _setting(False, help, bool)
+def switch(help, *, aliases=()):
+    return _setting(False, help, bool, aliases=aliases)
 
 
 def names(help, *, metavar):
@@ -43,7 +43,9 @@ def names(help, *, metavar):
 class TrainConfig:
     """The settings of one run, checked when made; `dataclasses.replace` makes a changed copy."""
     dataset: str = text(dataclasses.MISSING, "a text file, a folder, a glob, or an .npz of encoded chunks")
-    model_name: str = text("124M", "the model to start from: <models_dir>/<model_name>")
+    model_name: str | None = text(None, "the model to start from: <models_dir>/<model_name> (default 124M; a run "
+                                        "continues from its own checkpoint, and a --model_name given must be the "
+                                        "one it started from)")
     models_dir: str = text("models")
     combine: int = integer(50000, "join text files with <|endoftext|> until at least this many characters "
                                   "per chunk", low=1)
@@ -72,6 +74,13 @@ class TrainConfig:
                                  low=1)
     sample_num: int = integer(1, low=1)
     top_k: int = integer(40, low=0)
+    top_p: float = number(0.0, "the samples' nucleus sampling, the forks': used where > 0 (then not --top_k)",
+                          low=0, high=1)
+    noise: float = number(0.0, "the forks' --noise: each input token of a training window is replaced by a "
+                               "random one with this probability (the labels are not), against typos", low=0, high=1)
+    max_bad_steps: int = integer(0, "updates whose loss or gradients are not finite (NaN, inf) to skip before the "
+                                    "run stops with an error (default 0: at the first); weights that are not "
+                                    "finite are never saved", low=0)
     val_dataset: str | None = text(None, "validation data; without it, the last --val_fraction of --dataset is "
                                          "held out")
     val_fraction: float = number(0.1, low=0, high=1)
@@ -96,7 +105,8 @@ class TrainConfig:
                           choices=("float32", "mixed_bfloat16", "mixed_float16"))
     tf32: bool = switch("let float32 products use TensorFloat-32 on the GPUs that have it (NVIDIA Ampere on): "
                         "faster, further from float32 (docs/precision.md)")
-    remat: bool = switch("recompute each block in the backward pass: less memory, more time")
+    remat: bool = switch("recompute each block in the backward pass: less memory, more time",
+                         aliases=("memory_saving_gradients", "use_memory_saving_gradients"))
     lora_rank: int | None = integer(None, "train LoRA adapters of this rank only (every other weight frozen); "
                                    "model-<step> holds the merged weights, lora-<step> the adapters", low=1)
     lora_alpha: float | None = number(None, "the adapters' scale is lora_alpha / lora_rank (default lora_rank: a scale "
@@ -114,13 +124,20 @@ class TrainConfig:
 
     @classmethod
     def of(cls, **settings):
-        """The config of these settings (each a flag's name); an unknown one is a ValueError."""
+        """The config of these settings (each a flag's name, or the forks' and gpt-2-simple's
+        name of it: memory_saving_gradients); an unknown one is a ValueError."""
         known = [field.name for field in dataclasses.fields(cls)]
+        aliases = {alias: field.name for field in dataclasses.fields(cls) for alias in field.metadata.get("aliases", ())}
         for name in settings:
-            if name not in known:
+            if name not in known and name not in aliases:
                 close = difflib.get_close_matches(name, known, 1)
                 raise ValueError(f"unknown setting {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        return cls(**settings)
+        return cls(**{aliases.get(name, name): value for name, value in settings.items()})
+
+    @property
+    def base_model(self):
+        """The model a new run starts from: --model_name, by default 124M."""
+        return self.model_name or "124M"
 
     @property
     def run_dir(self):

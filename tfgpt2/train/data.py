@@ -189,6 +189,15 @@ def training_dataset(windows, *, batch_size, seed, start_step=0, steps=None):
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
+def noised(tokens, p, n_vocab, seed):
+    """The forks' --noise: each of `tokens` replaced, with probability p, by an id drawn uniformly
+    from [0, n_vocab); stateless from `seed` (int64 [2])."""
+    swap_seed, id_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    swap = tf.random.stateless_uniform(tf.shape(tokens), swap_seed) < p
+    ids = tf.random.stateless_uniform(tf.shape(tokens), id_seed, minval=0, maxval=n_vocab, dtype=tokens.dtype)
+    return tf.where(swap, ids, tokens)
+
+
 def keras_dataset(windows, *, batch_size, seed, steps=None):
     """For `model.fit`: (x, y) = (window[:, :-1], window[:, 1:]), the forks' loss as a plain
     Keras loss (`SparseCategoricalCrossentropy(from_logits=True)`)."""

@@ -37,7 +37,7 @@ from ..sample import generate
 from . import data, distribute
 from .config import TrainConfig
 from .optimizers import make_optimizer, trained_variables
-from .run_folder import find_start, read_best, restore_optimizer, save_run, write_run_files
+from .run_folder import find_start, locked, read_best, restore_optimizer, save_run, write_run_files
 from .step import Trainer
 
 
@@ -78,7 +78,8 @@ def build_trainer(config, strategy, source, prefix, adapters=None):
         if config.precision == "mixed_float16":  # dynamic loss scaling; a step with inf or NaN is skipped
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     trainer = Trainer(model, optimizer, variables=variables, accumulate=config.accumulate_gradients,
-                      strategy=strategy, jit_compile=not config.no_xla)
+                      strategy=strategy, jit_compile=not config.no_xla, noise=config.noise, seed=config.seed,
+                      skip_non_finite=config.max_bad_steps > 0)
     return model, optimizer, trainer
 
 
@@ -88,80 +89,143 @@ def finetune(dataset, *, strategy=None, **settings):
     `finetune("corpus.txt", model_name="355M", steps=1000, remat=True)` (a list for a flag of
     several values: `lora_rank=8, lora_targets=["c_attn", "c_fc"]`). Returns the (step,
     loss) of each update; Ctrl-C (an interrupted cell) saves and returns. A bad setting raises
-    ValueError before anything is loaded or written. With `remat=True` on a CPU, calling
+    ValueError before anything is loaded or written, as does a loss that is not finite (past
+    --max_bad_steps), saving nothing. With `remat=True` on a CPU, calling
     `prefer_memory_schedule()` (`tfgpt2.train.step`) first (before anything compiles) keeps XLA
     from undoing the saving; it sets a process-wide flag, so it is yours to call (`tfgpt2 train
     --remat` does)."""
-    return train(TrainConfig.of(dataset=dataset, **settings), strategy)
+    try:
+        return train(TrainConfig.of(dataset=dataset, **settings), strategy)
+    except Interrupted as e:
+        return e.history
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, raised once the run is saved; `history` holds its updates."""
+
+    def __init__(self, history):
+        super().__init__("interrupted")
+        self.history = history
 
 
 def train(config, strategy=None):
     """Fine-tune as the TrainConfig says, in `strategy` (default: the one --strategy names);
-    returns the list of (step, loss) of this run's updates."""
+    returns the list of (step, loss) of this run's updates. The process that writes the run
+    folder holds its lock (another run on it is refused). Ctrl-C saves, then raises Interrupted;
+    a loss or gradients that are not finite stop the run (ValueError, past --max_bad_steps)
+    with nothing saved."""
     strategy = strategy or distribute.make_strategy(config.strategy, config.tpu)
     distribute.check_batch(config.batch_size, strategy)
     chief = distribute.is_chief(strategy)  # the one process that writes the run folder
+    with locked(config.run_dir) if chief else contextlib.nullcontext():
+        return _train(config, strategy, chief)
+
+
+def _train(config, strategy, chief):
     run_dir, source, prefix, step, hp, adapters = find_start(config)
     if step == config.steps:
         print(f"{run_dir} has made its --steps {step} updates already: nothing to train", file=sys.stderr)
         return []
-    vocab_dir = vocabulary_source(source, model_path(config.model_name, config.models_dir))
+    vocab_dir = vocabulary_source(source, model_path(config.base_model, config.models_dir))
     enc = encoder_of(vocab_dir)
     config = dataclasses.replace(config, sample_length=config.window(hp.n_ctx))  # its default, n_ctx - 1
     windows, val_batches = load_data(config, enc, hp)
     model, optimizer, trainer = build_trainer(config, strategy, source, prefix, adapters)
-    base = os.path.abspath(prefix or checkpoint_prefix(source))  # what LoRA adapters are trained on
     if chief:
-        write_run_files(run_dir, hp, vocab_dir)
+        write_run_files(run_dir, hp, vocab_dir, base=None if step else source)
     log = Log(run_dir if chief else None, config, step)
     if step and not restore_optimizer(optimizer, run_dir, step):
         log.print(f"{run_dir}: no optimizer state for step {step}; the optimizer starts afresh", always=True)
     optimizer.iterations.assign(step)
-
-    per_step = config.batch_size * config.accumulate_gradients  # windows per update, split over the replicas
-    dataset = data.training_dataset(windows, batch_size=per_step, seed=config.seed, start_step=step, steps=config.steps)
-    best, saved, history = read_best(run_dir), step, []
-    try:
-        batches = iter(trainer.distribute(dataset))
-        while config.steps < 0 or step < config.steps:
-            start = time.perf_counter()
-            loss = float(trainer.step(next(batches)))
-            step += 1
-            history.append((step, loss))
-            log(step, loss=loss, learning_rate=current_lr(optimizer),
-                tokens_per_second=per_step * config.sample_length / (time.perf_counter() - start))
-            save_now = config.save_every > 0 and step % config.save_every == 0
-            if config.val_every > 0 and step % config.val_every == 0:
-                val_loss = validate(trainer, val_batches)
-                log(step, val_loss=val_loss, val_perplexity=math.exp(val_loss))
-                if best is None or val_loss < best["val_loss"]:
-                    best, save_now = {"step": step, "val_loss": val_loss}, True
-            if save_now and chief:
-                save(run_dir, model, optimizer, step, best, config.max_checkpoints, log, base)
-                saved = step
-            if config.sample_every > 0 and step % config.sample_every == 0 and chief:
-                log.print(write_samples(model, enc, config, run_dir, step), file=sys.stdout)
-    except KeyboardInterrupt:
-        log.print("interrupted", always=True)
-    finally:
-        log.close()
-    if chief:
-        if saved != step:
-            save(run_dir, model, optimizer, step, best, config.max_checkpoints, log, base)
-        log.print(f"{run_dir}: step {step}" + (f", loss {log.average.value:.4f} (running average)" if history
-                                               else ""), always=True)
-    return history
+    run = Run(config, run_dir if chief else None, model, optimizer, trainer, enc, val_batches, log,
+              base=os.path.abspath(prefix or checkpoint_prefix(source)))
+    dataset = data.training_dataset(windows, batch_size=config.batch_size * config.accumulate_gradients,
+                                    seed=config.seed, start_step=step, steps=config.steps)
+    return run.steps(iter(trainer.distribute(dataset)), step)
 
 
-def save(run_dir, model, optimizer, step, best, max_checkpoints, log, base):
-    """The weights and optimizer state of `step` in the run folder (and adapters on `base`), and
-    `best.json` where `step` is the best; Ctrl-C waits until they are written."""
-    with _no_interrupts():
-        save_run(run_dir, model, optimizer, step, max_checkpoints=max_checkpoints,
-                 keep={best["step"]} if best else (), lora_base=base)
-        if best and best["step"] == step:
-            write_text(os.path.join(run_dir, "best.json"), json.dumps(best) + "\n")
-    log.print(f"Saving {run_dir}/model-{step}")
+@dataclasses.dataclass
+class Run:
+    """A run under way: what its steps, validation, samples and saves share. `run_dir` is None
+    in the processes that do not write the run folder."""
+    config: TrainConfig
+    run_dir: str | None
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    trainer: Trainer
+    enc: object
+    val_batches: np.ndarray | None
+    log: "Log"
+    base: str  # the checkpoint LoRA adapters are trained on
+
+    def steps(self, batches, step):
+        """Train from `step` on, as nanoGPT's loop; returns the (step, loss) of each update."""
+        config, log = self.config, self.log
+        per_step = config.batch_size * config.accumulate_gradients  # windows per update, split over the replicas
+        best, saved, history, interrupted = read_best(self.run_dir or config.run_dir), step, [], False
+        try:
+            while config.steps < 0 or step < config.steps:
+                start = time.perf_counter()
+                applied = self.update(next(batches), step + 1, history)
+                step += 1
+                if applied:
+                    log(step, loss=history[-1][1], learning_rate=current_lr(self.optimizer),
+                        tokens_per_second=per_step * config.sample_length / (time.perf_counter() - start))
+                save_now = config.save_every > 0 and step % config.save_every == 0
+                if config.val_every > 0 and step % config.val_every == 0:
+                    val_loss = validate(self.trainer, self.val_batches)
+                    log(step, val_loss=val_loss, val_perplexity=math.exp(val_loss))
+                    if best is None or val_loss < best["val_loss"]:
+                        best, save_now = {"step": step, "val_loss": val_loss}, True
+                if save_now and self.run_dir:
+                    self.save(step, best)
+                    saved = step
+                if config.sample_every > 0 and step % config.sample_every == 0 and self.run_dir:
+                    log.print(write_samples(self.model, self.enc, config, self.run_dir, step), file=sys.stdout)
+        except KeyboardInterrupt:
+            interrupted = True
+            log.print("interrupted", always=True)
+        finally:
+            log.close()
+        if self.run_dir:
+            if saved != step:
+                self.save(step, best)
+            log.print(f"{self.run_dir}: step {step}" + (f", loss {log.average.value:.4f} (running average)"
+                                                        if log.average.weight else ""), always=True)
+        if interrupted:
+            raise Interrupted(history)
+        return history
+
+    def update(self, batch, step, history):
+        """Update `step` on `batch`, its (step, loss) added to `history`; False where the loss or
+        gradients were not finite (the update skipped, with --max_bad_steps). Past
+        --max_bad_steps such updates, ValueError: the run stops, saving nothing."""
+        skipped = int(self.trainer.skipped.numpy())
+        loss = float(self.trainer.step(batch))
+        history.append((step, loss))
+        if math.isfinite(loss) and int(self.trainer.skipped.numpy()) == skipped:
+            return True
+        bad = int(self.trainer.skipped.numpy()) if self.config.max_bad_steps else 1
+        what = f"step {step}: the loss is {loss}" if not math.isfinite(loss) else \
+            f"step {step}: a gradient is not finite (the loss {loss:.4f})"
+        if bad <= self.config.max_bad_steps:
+            self.log.print(f"{what}: the update is skipped ({bad} of --max_bad_steps {self.config.max_bad_steps})",
+                           always=True)
+            return False
+        folder = self.run_dir or self.config.run_dir
+        raise ValueError(f"{folder}: {what}, not finite: the run stops, saving nothing (its latest checkpoint: "
+                         f"{tf.train.latest_checkpoint(folder)}); try a lower --learning_rate, --clip_norm, or "
+                         "--max_bad_steps to skip a few such updates")
+
+    def save(self, step, best):
+        """The weights and optimizer state of `step` in the run folder (and adapters on `base`),
+        and `best.json` where `step` is the best; Ctrl-C waits until they are written."""
+        with _no_interrupts():
+            save_run(self.run_dir, self.model, self.optimizer, step, max_checkpoints=self.config.max_checkpoints,
+                     keep={best["step"]} if best else (), lora_base=self.base)
+            if best and best["step"] == step:
+                write_text(os.path.join(self.run_dir, "best.json"), json.dumps(best) + "\n")
+        self.log.print(f"Saving {self.run_dir}/model-{step}")
 
 
 class Log:
@@ -243,8 +307,10 @@ def validate(trainer, batches):
 
 def write_samples(model, enc, config, run_dir, step):
     """`--sample_num` samples of `--sample_length` tokens from <|endoftext|>, written to
-    samples-<step>.txt; returns their text."""
-    rows = generate(model, [[enc.eot_token]] * config.sample_num, config.sample_length, top_k=config.top_k,
+    samples-<step>.txt; returns their text. As the forks: top-p where --top_p > 0, else top-k."""
+    nucleus = config.top_p > 0
+    rows = generate(model, [[enc.eot_token]] * config.sample_num, config.sample_length,
+                    top_k=0 if nucleus else config.top_k, top_p=config.top_p if nucleus else 1.0,
                     seed=config.seed + step)
     text = "".join("=" * 20 + f" SAMPLE {i} " + "=" * 20 + "\n" + enc.decode(row[1:]) + "\n"
                    for i, row in enumerate(rows))

@@ -3,10 +3,14 @@ variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`
 `hparams.json`, `encoder.json`, `vocab.bpe`, TensorBoard events; and `optimizer-<step>.*`
 beside the latest model, `best.json` where validation runs, `samples-<step>.txt`. With LoRA
 (`--lora_rank`), `model-<step>` holds the merged weights and `lora-<step>.*` the adapters
-(`formats.lora`), from which, with the base, a run continues."""
+(`formats.lora`), from which, with the base, a run continues; `base_model.json` names the
+model folder the run started from. A run holds `.lock` while it writes the folder."""
+import contextlib
+import fcntl
 import glob
 import json
 import os
+import socket
 
 import tensorflow as tf
 
@@ -15,8 +19,10 @@ from ..formats.checkpoint import checkpoint_prefix, save_tensors
 from ..formats.files import copy_file, write_text
 from ..formats.folders import model_folder, save_hparams
 from ..formats.lora import adapter_tensors, merged_weights, read_config
-from ..hparams import load_hparams
+from ..hparams import load_hparams, read_json_object
 from ..model import LORA_TARGETS
+
+BASE = "base_model.json"  # {"model_dir": the folder a run started from}
 
 
 def _step_of(prefix):
@@ -36,6 +42,38 @@ def refuse_run_folder(path):
                               "change the checkpoint its next `tfgpt2 train` resumes from: choose another folder")
 
 
+@contextlib.contextmanager
+def locked(run_dir):
+    """Hold the run folder's `.lock` while a run writes it: another process is refused, naming
+    the one that holds it. An fcntl lock ends with its process, so that the lock of a run that
+    died is taken over by the next. A folder made for a run that wrote nothing is removed."""
+    made = []  # the folders made here, innermost first
+    folder = os.path.abspath(run_dir)
+    while not os.path.isdir(folder):
+        made, folder = made + [folder], os.path.dirname(folder)
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise BlockingIOError(f"{run_dir} is in use by another training run ({holder}, which holds {path}): "
+                              "wait for it to end, or choose another --run_name") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        if made and os.listdir(run_dir) == [".lock"]:
+            os.remove(path)
+            for folder in made:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+        os.close(fd)
+
+
 def checkpoint_steps(run_dir):
     """Steps of the model-<step> checkpoints the run folder's `checkpoint` file names."""
     state = tf.train.get_checkpoint_state(run_dir)
@@ -48,12 +86,18 @@ def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=(), lor
     checkpoint they train on) where the model has them, then the weights (merged), then the
     `checkpoint` file that names them (so an interrupt never leaves a half-written checkpoint
     named there) and `counter`. Older checkpoints beyond `max_checkpoints` go, with their
-    adapters, except the steps in `keep`; optimizer state is kept for the latest only."""
+    adapters, except the steps in `keep`; optimizer state is kept for the latest only. Weights
+    that are not finite are refused (ValueError) before anything is written or removed."""
+    weights = merged_weights(model)
+    bad = [name for name, value in weights.items() if not bool(tf.reduce_all(tf.math.is_finite(value)))]
+    if bad:
+        raise ValueError(f"{run_dir}: step {step}'s weights are not finite ({bad[0]} holds NaN or inf): not saved, "
+                         f"the run folder is as it was (its latest: {tf.train.latest_checkpoint(run_dir)})")
     save_tensors(run_dir, f"optimizer-{step}",
                  {f"optimizer/{i}": v for i, v in enumerate(optimizer_state(optimizer))})
     if model.lora_targets:
         save_tensors(run_dir, f"lora-{step}", adapter_tensors(model, lora_base))
-    save_tensors(run_dir, f"model-{step}", merged_weights(model))
+    save_tensors(run_dir, f"model-{step}", weights)
     steps = sorted(set(checkpoint_steps(run_dir)) - {step}) + [step]
     kept = [s for i, s in enumerate(steps) if i >= len(steps) - max_checkpoints or s in keep]
     lines = [f'model_checkpoint_path: "model-{step}"']
@@ -95,23 +139,25 @@ def find_start(config):
     """Where the run starts: (run folder, folder of the weights, checkpoint prefix or None,
     step, hparams, LoRA adapters to load or None), from the run folder (--restore_from latest;
     with LoRA, its adapters on their base), the base model (fresh, or latest in a new run) or
-    a path. Checks only; nothing is loaded or written."""
+    a path; a run folder with checkpoints continues only from them. Checks only; nothing is
+    loaded or written."""
     run_dir = config.run_dir
     has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoint"))
     adapters = None
     if config.restore_from == "latest" and has_checkpoint:
+        check_base(run_dir, config)
         source, prefix = run_dir, checkpoint_prefix(run_dir)
         step = _step_of(prefix)
         adapters = lora_start(run_dir, step, config)
         if adapters:
             prefix = read_config(adapters)["base"]
             source = os.path.dirname(prefix)
+    elif has_checkpoint:  # fresh, or a path: the run would start over and rotate its checkpoints away
+        raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
+                         f"{tf.train.latest_checkpoint(run_dir)}); continue it with --restore_from latest, "
+                         "or choose another --run_name")
     elif config.restore_from in ("latest", "fresh"):
-        if has_checkpoint:
-            raise ValueError(f"{run_dir} already holds checkpoints (the latest: "
-                             f"{tf.train.latest_checkpoint(run_dir)}); continue it with --restore_from latest, "
-                             "or choose another --run_name")
-        source, prefix, step = model_folder(config.model_name, config.models_dir), None, 0
+        source, prefix, step = model_folder(config.base_model, config.models_dir), None, 0
     else:
         if not os.path.isdir(config.restore_from) and not os.path.isfile(config.restore_from + ".index"):
             raise FileNotFoundError(f"--restore_from {config.restore_from}: no such folder or checkpoint prefix")
@@ -139,22 +185,44 @@ def lora_start(run_dir, step, config):
                          "--run_name")
     if config.lora_rank is None:
         return None
-    config = read_config(prefix)
+    stored = read_config(prefix)
     given = {"rank": config.lora_rank, "alpha": float(config.lora_alpha or config.lora_rank),
              "targets": list(config.lora_targets or LORA_TARGETS)}
-    differ = [f"--lora_{name} {given[name]} (it has {config[name]})" for name in given if given[name] != config[name]]
+    differ = [f"--lora_{name} {given[name]} (it has {stored[name]})" for name in given if given[name] != stored[name]]
     if differ:
         raise ValueError(f"{prefix}: the run's adapters differ from the flags: " + ", ".join(differ))
-    if not os.path.isfile(f"{config['base']}.index"):
-        raise FileNotFoundError(f"{prefix}: the base checkpoint the adapters were trained on, {config['base']}, "
+    if not os.path.isfile(f"{stored['base']}.index"):
+        raise FileNotFoundError(f"{prefix}: the base checkpoint the adapters were trained on, {stored['base']}, "
                                 "is not there")
     return prefix
 
 
-def write_run_files(run_dir, hparams, vocab_dir):
-    """hparams.json, and encoder.json and vocab.bpe from `vocab_dir`."""
+def check_base(run_dir, config):
+    """A run continues from its own checkpoint: a --model_name given must be the model it started
+    from (the folder `base_model.json` names, else one of the run's hparams), or ValueError naming
+    both."""
+    if config.model_name is None:
+        return
+    given = model_folder(config.model_name, config.models_dir)
+    record = os.path.join(run_dir, BASE)
+    if os.path.isfile(record):
+        started = read_json_object(record).get("model_dir", "?")
+        same = os.path.realpath(started) == os.path.realpath(given)
+    else:  # a run folder of gpt-2-simple or the forks: its hparams are all there is to compare
+        started = f"a model of hparams {load_hparams(run_dir).values()}"
+        same = load_hparams(given) == load_hparams(run_dir)
+    if not same:
+        raise ValueError(f"{run_dir} was started from {started}, not from --model_name {config.model_name} ({given}); "
+                         f"leave --model_name out to continue it, or start another --run_name from {given}")
+
+
+def write_run_files(run_dir, hparams, vocab_dir, base=None):
+    """hparams.json, encoder.json and vocab.bpe from `vocab_dir`, and for a run that starts from
+    the model folder `base`, base_model.json naming it."""
     os.makedirs(run_dir, exist_ok=True)
     save_hparams(hparams, run_dir)
+    if base:
+        write_text(os.path.join(run_dir, BASE), json.dumps({"model_dir": os.path.abspath(base)}) + "\n")
     for name in VOCAB_FILES:
         src, dst = os.path.join(vocab_dir, name), os.path.join(run_dir, name)
         if not os.path.isfile(dst):
