@@ -63,7 +63,6 @@ VARIANTS = {
     "default": "",
     "graphs+while": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL "
                     "--xla_gpu_graph_min_graph_size=1",
-    "no-graphs": "--xla_gpu_enable_command_buffer=",
 }
 
 
@@ -263,7 +262,7 @@ def child(stage, params, *, python, timeout, env=None):
     command = [python, os.path.join(HERE, "gpu_check.py"), "--stage", stage, "--params", json.dumps(params),
                "--stage_out", path]
     try:
-        done = subprocess.run(command, env=dict(os.environ, **(env or {})), timeout=max(timeout, 1),
+        done = subprocess.run(command, env=child_env(env), timeout=max(timeout, 1),
                               capture_output=True, text=True)
         if done.returncode:
             return {"error": f"exit status {done.returncode}: {done.stderr.strip()[-1500:]}"}
@@ -273,6 +272,15 @@ def child(stage, params, *, python, timeout, env=None):
         return {"error": f"stopped after {timeout:.0f} s"}
     finally:
         os.remove(path)
+
+
+def child_env(extra):
+    """This process's environment with `extra`; XLA_FLAGS added to the ones set here (which may
+    tell XLA where CUDA is), not in their place."""
+    env = dict(os.environ, **(extra or {}))
+    if (extra or {}).get("XLA_FLAGS"):
+        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {extra['XLA_FLAGS']}".strip()
+    return env
 
 
 class Runner:
