@@ -39,7 +39,7 @@ if [[ $cpu_only == 0 && "${SKIP_TESTS:-0}" != 1 ]]; then
   echo "gpu_check: the tests on the GPU: python ${command[*]}" >&2
   log=$(mktemp)
   timeout "${TEST_TIMEOUT:-300}" "$PYTHON" "${command[@]}" 2>&1 | tee "$log" >&2 || tests_status=$?
-  summary=$(grep -E "(passed|failed|error)" "$log" | tail -n 1 | sed 's/=//g; s/^ *//; s/ *$//')
+  summary=$(grep -E "(passed|failed|error)" "$log" | tail -n 1 | sed 's/=//g; s/^ *//; s/ *$//' || true)
   failures=$(grep -E "^(FAILED|ERROR) " "$log" | head -n 20 | tr '\n' ';' || true)
   notes+=(--note "Tests on this GPU (\`python ${command[*]}\`): ${summary:-no summary (status $tests_status)}${failures:+; $failures}.")
   rm -f "$log"
