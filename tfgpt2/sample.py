@@ -121,7 +121,7 @@ def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True), min
         if filters[1]:
             filtered = top_p_logits(filtered, top_p)
         if min_p is not None:
-            filtered = min_p_logits(filtered, min_p)
+            filtered = tf.cond(tf.reduce_any(min_p > 0), lambda: min_p_logits(filtered, min_p), lambda: filtered)
         weights = tf.exp(filtered - tf.reduce_max(filtered, axis=-1, keepdims=True))
         cdf = tf.cumsum(weights, axis=-1)
         u = _uniform(tf.shape(cdf)[0], seed) * cdf[:, -1]

@@ -6,16 +6,18 @@ in place (XLA aliases a variable's buffer with its update), so a step reads only
 the weights and, per slot, the first `window` positions of the cache. Three programs, each
 compiled once per shape bucket, never per request:
 
-- `admit(slot, prompt, pad, bias)`: a sequence takes a slot: its bias row, zero counts and, for
-  the repetition penalty, the tokens of its prompt (`controls.start_state`);
+- `admit(slot, prompt, bias)`: a sequence takes a slot: its bias row, zero counts and, for the
+  repetition penalty, the tokens of its prompt (`controls.start_state`);
 - `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache;
-- `decode(...)`: up to `steps` new tokens for every slot, each fed at its own position, the
-  logits adjusted (`controls.adjusted`), then picked by `choose` with its row's temperature,
-  top-k, top-p, min-p and seed, the k-th draw of a sequence from (seed, k) as `tfgpt2.generate`
-  draws it, so that a sequence's tokens never depend on what shares the batch.
+- `decode(ints, floats, seed, window)`: up to `steps` new tokens for every slot, each fed at
+  its own position, the logits adjusted (`controls.adjusted`), then picked by `choose` with
+  its row's temperature, top-k, top-p, min-p and seed, the k-th draw of a sequence from
+  (seed, k) as `tfgpt2.generate` draws it, so that a sequence's tokens never depend on what
+  shares the batch.
 
 A host (`tfgpt2.serve.scheduler`) decides what runs; nothing here checks its inputs.
 """
+import numpy as np
 import tensorflow as tf
 
 from ..products import cpus_only
@@ -24,17 +26,21 @@ from . import layouts
 from .cache import call_with_slots, empty_cache
 
 TOP_LOGPROBS = 5  # the most likely tokens `decode` reports per step (OpenAI's limit for completions)
+INTS = ("token", "position", "budget", "drawn", "top_k", "logprobs", "biased")  # `decode`'s int32 rows
+FLOATS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")  # its float32 rows
 
 
 class Slots:
     """The programs and the state of `max_batch` slots for `model`. `choose` is
     `tfgpt2.sample.choose`; `chunk` the longest prefill chunk (the cache holds n_ctx + chunk
     positions, so that a chunk's padding never wraps); `steps` the most tokens one `decode`
-    call makes. `traces` counts the compiles."""
+    call makes; `eot` the token that ends a sequence. Each program is traced once per shape
+    (`programs`, the compiles), and called as a concrete function: a call costs little more than
+    the program (a polymorphic `tf.function` call matches its arguments each time)."""
 
-    def __init__(self, model, choose, *, max_batch, chunk, steps):
+    def __init__(self, model, choose, *, max_batch, chunk, steps, eot):
         hp = model.hparams
-        self.model, self.choose, self.max_batch, self.steps = model, choose, max_batch, steps
+        self.model, self.choose, self.max_batch, self.steps, self.eot = model, choose, max_batch, steps, eot
         self.length = hp.n_ctx + chunk
         self.cache = [tuple(tf.Variable(t, trainable=False) for t in layer)
                       for layer in empty_cache(model, max_batch, self.length)]
@@ -43,74 +49,97 @@ class Slots:
         self.seen = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.bool), trainable=False)
         # on a CPU, the block weights copied as [nf, nx] multiply a few rows on every core (`layouts`)
         self.layouts = (layouts.transposed(model) if cpus_only() and layouts.usable(model) else None)
-        self.traces = 0
-        self.admit, self.prefill, self.decode = (
-            tf.function(self._counted(f), jit_compile=True, autograph=False)
-            for f in (self._admit, self._prefill, self._decode))
+        self.programs = {}
 
-    def _counted(self, f):
-        def traced(*args, **kwargs):
-            self.traces += 1
-            return f(*args, **kwargs)
-        return traced
+    def program(self, name, *specs, **static):
+        """The concrete function of `_<name>` for tensors of `specs` and Python values `static`."""
+        key = (name, tuple((tuple(s.shape), s.dtype) for s in specs), tuple(sorted(static.items())))
+        if key not in self.programs:
+            run = getattr(self, "_" + name)
+            self.programs[key] = tf.function(lambda *args: run(*args, **static), jit_compile=True,
+                                             autograph=False).get_concrete_function(*specs)
+        return self.programs[key]
 
-    def _admit(self, slot, prompt, pad, bias):
-        """Slot `slot` for a sequence whose prompt is `prompt` [P] left-padded by `pad`: its
-        bias row `bias` [n_vocab], no tokens counted, its prompt's tokens seen."""
-        state = control.start_state({"repetition": None}, prompt[None], pad[None], self.model.hparams.n_vocab)
-        at = [[slot]]
+    def admit(self, slot, prompt, bias):
+        """Slot `slot` for a sequence whose prompt is `prompt` (token ids): its bias row `bias`
+        [n_vocab] (numpy), no tokens counted, its prompt's tokens seen."""
+        n_ctx = self.model.hparams.n_ctx
+        padded = np.zeros(n_ctx, np.int32)
+        padded[n_ctx - len(prompt[-n_ctx:]):] = prompt[-n_ctx:]
+        where = np.array([slot, n_ctx - len(prompt[-n_ctx:])], np.int32)
+        self.program("admit", spec([2], tf.int32), spec([n_ctx], tf.int32), spec(bias.shape, tf.float32))(
+            tf.constant(where), tf.constant(padded), tf.constant(bias))
+
+    def prefill(self, tokens, slot, start, window):
+        """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
+        over its first `window` positions)."""
+        self.program("prefill", spec([1, len(tokens)], tf.int32), spec([2], tf.int32), window=window)(
+            tf.constant(tokens[None], tf.int32), tf.constant([slot, start], tf.int32))
+
+    def decode(self, ints, floats, seed, window):
+        """Up to `steps` new tokens per slot (`_decode`), from numpy arrays: `ints` [len(INTS), B]
+        int32, `floats` [len(FLOATS), B] float32, `seed` [B] int64. Returns numpy arrays."""
+        run = self.program("decode", spec(ints.shape, tf.int32), spec(floats.shape, tf.float32),
+                           spec(seed.shape, tf.int64), window=window)
+        tokens, count, logprob, (ids, top) = run(tf.constant(ints), tf.constant(floats), tf.constant(seed))
+        wanted = ints[INTS.index("logprobs")].any()
+        return (tokens.numpy(), count.numpy(),
+                (logprob.numpy(), ids.numpy(), top.numpy()) if wanted else None)
+
+    def _admit(self, where, prompt, bias):
+        state = control.start_state({"repetition": None}, prompt[None], where[1:], self.model.hparams.n_vocab)
+        at = where[:1, None]
         self.bias.scatter_nd_update(at, bias[None])
         self.counts.scatter_nd_update(at, state["counts"])
         self.seen.scatter_nd_update(at, state["seen"])
 
-    def _prefill(self, tokens, slot, start, window):
-        """tokens [1, C] into slot `slot` at positions start, start + 1, ... (attending over
-        its first `window` positions)."""
-        self._store(call_with_slots(self.model, tokens, self._read(), start[None], window=window, slot=slot[None],
+    def _prefill(self, tokens, where, *, window):
+        self._store(call_with_slots(self.model, tokens, self._read(), where[1:], window=window, slot=where[:1],
                                     layouts=self.layouts)[1])
 
-    def _decode(self, token, position, budget, steps, eot, sampling, seed, drawn, logprobs, window):
-        """Up to `steps` new tokens per slot: `token` [B] fed at `position` [B], each new token
-        fed after it, while the slot has `budget` [B] tokens left and has not made `eot`.
-        `sampling` holds [B] temperature, top_k, top_p, min_p, repetition, presence, frequency;
-        draw k of a slot uses the pair (seed, drawn + k). `logprobs` [B]: rows that want the
-        log-probabilities (of the model's distribution, before the controls).
-
-        Returns tokens [B, steps], the count of each row's new tokens [B], and the log-probability
-        of each token [B, steps] with the TOP_LOGPROBS most likely ids and theirs [B, steps, N]
-        (zeros unless a row asked)."""
-        batch = self.max_batch
-        controls = dict(bias=self.bias.value(), repetition=sampling["repetition"], presence=sampling["presence"],
-                        frequency=sampling["frequency"])
+    def _decode(self, ints, floats, seed, *, window):
+        """Up to `steps` new tokens per slot: its `token` fed at its `position`, each new token
+        fed after it, while the slot has `budget` tokens left and has not made `eot`; draw k of
+        a slot uses the pair (seed, drawn + k); `logprobs` rows (1) want the log-probabilities
+        (of the model's distribution, before the controls). Returns tokens [B, steps], the count
+        of each row's new tokens [B], and the log-probability of each token [B, steps] with the
+        TOP_LOGPROBS most likely ids and theirs [B, steps, N] (zeros unless a row asked). `biased`
+        rows have a logit bias."""
+        row = dict(zip(INTS, tf.unstack(ints)), **dict(zip(FLOATS, tf.unstack(floats))))
+        batch, budget = self.max_batch, row["budget"]
+        controls = dict(bias=self.bias.value(), repetition=row["repetition"], presence=row["presence"],
+                        frequency=row["frequency"])
+        used = tf.reduce_any((row["biased"] > 0) | (row["repetition"] != 1) | (row["presence"] != 0)
+                             | (row["frequency"] != 0))  # else the controls leave the logits as they are
         zeros = tf.zeros([batch, self.steps], tf.float32)
-        start = dict(j=tf.constant(0), token=token, position=position, alive=budget > 0, count=tf.zeros_like(budget),
-                     cache=self._read(), counts=self.counts.value(), tokens=tf.zeros([batch, self.steps], tf.int32),
-                     logprob=zeros, top=(tf.zeros([batch, self.steps, TOP_LOGPROBS], tf.int32),
-                                         tf.zeros([batch, self.steps, TOP_LOGPROBS])))
+        start = dict(j=tf.constant(0), token=row["token"], position=row["position"], alive=budget > 0,
+                     count=tf.zeros_like(budget), cache=self._read(), counts=self.counts.value(),
+                     tokens=tf.zeros([batch, self.steps], tf.int32), logprob=zeros,
+                     top=(tf.zeros([batch, self.steps, TOP_LOGPROBS], tf.int32),
+                          tf.zeros([batch, self.steps, TOP_LOGPROBS])))
 
         def body(s):
             at = tf.where(s["alive"], s["position"], self.length - 1)  # a stopped row writes past its window
             logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
                                             layouts=self.layouts)
-            new = self.choose(control.adjusted(logits, controls, dict(counts=s["counts"], seen=self.seen)),
-                              temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
-                              seed=tf.stack([seed, tf.cast(drawn + s["count"], tf.int64)], axis=1),
-                              min_p=sampling["min_p"])
+            state = dict(counts=s["counts"], seen=self.seen)
+            adjusted = tf.cond(used, lambda: control.adjusted(logits, controls, state), lambda: logits)
+            new = self.choose(adjusted, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
+                              seed=tf.stack([seed, tf.cast(row["drawn"] + s["count"], tf.int64)], axis=1),
+                              min_p=row["min_p"])
             column = tf.stack([tf.range(batch), tf.fill([batch], s["j"])], axis=1)
-            chosen, top = tf.cond(tf.reduce_any(logprobs), lambda: log_probabilities(logits, new),
+            chosen, top = tf.cond(tf.reduce_any(row["logprobs"] > 0), lambda: log_probabilities(logits, new),
                                   lambda: (zeros[:, 0], tuple(t[:, 0] for t in start["top"])))
             alive, count = s["alive"], s["count"] + tf.cast(s["alive"], tf.int32)
             return (dict(j=s["j"] + 1, token=tf.where(alive, new, s["token"]),
                          position=s["position"] + tf.cast(alive, tf.int32),
-                         alive=alive & (count < budget) & tf.not_equal(new, eot), count=count, cache=cache,
+                         alive=alive & (count < budget) & tf.not_equal(new, self.eot), count=count, cache=cache,
                          counts=control.counted(dict(counts=s["counts"]), new, alive)["counts"],
                          tokens=tf.tensor_scatter_nd_update(s["tokens"], column, new),
                          logprob=tf.tensor_scatter_nd_update(s["logprob"], column, chosen),
                          top=tuple(tf.tensor_scatter_nd_update(o, column, t) for o, t in zip(s["top"], top))),)
 
-        def cond(s):
-            return tf.logical_and(s["j"] < steps, tf.reduce_any(s["alive"]))
-        s = tf.while_loop(cond, body, (start,))[0]
+        s = tf.while_loop(lambda s: tf.reduce_any(s["alive"]), body, (start,), maximum_iterations=self.steps)[0]
         self._store(s["cache"])
         self.counts.assign(s["counts"])
         return s["tokens"], s["count"], s["logprob"], s["top"]
@@ -122,6 +151,10 @@ class Slots:
         for variables, values in zip(self.cache, cache):
             for variable, value in zip(variables, values):
                 variable.assign(value)
+
+
+def spec(shape, dtype):
+    return tf.TensorSpec(shape, dtype)
 
 
 def log_probabilities(logits, token):

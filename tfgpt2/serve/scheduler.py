@@ -12,11 +12,9 @@ import time
 import traceback
 
 import numpy as np
-import tensorflow as tf
 
-from ..decoding.slots import Slots
+from ..decoding.slots import FLOATS, INTS, Slots
 
-FLOATS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are powers of two up to `chunk`)
 MIN_WINDOW = 32  # the shortest attention window (windows are powers of two up to n_ctx)
 
@@ -64,14 +62,15 @@ class Scheduler:
     def __init__(self, model, choose, *, max_batch, max_queue, chunk=64, steps=1, eot):
         self.n_ctx, self.n_vocab, self.eot = model.hparams.n_ctx, model.hparams.n_vocab, eot
         self.max_batch, self.max_queue, self.chunk = max_batch, max_queue, chunk
-        self.slots = Slots(model, choose, max_batch=max_batch, chunk=chunk, steps=steps)
+        self.slots = Slots(model, choose, max_batch=max_batch, chunk=chunk, steps=steps, eot=eot)
         self.running = [None] * max_batch
         self.waiting = collections.deque()
         self.lock = threading.Condition()
         self.closed = False
         self.generated = 0  # tokens generated so far, all sequences
-        self.values = {name: np.zeros(max_batch, np.float32) for name in FLOATS}
-        self.values.update(top_k=np.zeros(max_batch, np.int32), seed=np.zeros(max_batch, np.int64))
+        # each slot's sampling values, as `Slots.decode` takes them
+        self.floats = np.zeros([len(FLOATS), max_batch], np.float32)
+        self.top_k, self.seed = np.zeros(max_batch, np.int32), np.zeros(max_batch, np.int64)
 
     # ---- any thread --------------------------------------------------------------------
 
@@ -160,12 +159,9 @@ class Scheduler:
         slot, bias = sequence.slot, np.zeros(self.n_vocab, np.float32)
         for token, value in sequence.bias.items():
             bias[token] = value
-        for name, values in self.values.items():
-            values[slot] = sequence.seed if name == "seed" else sequence.sampling[name]
-        prompt = np.zeros(self.n_ctx, np.int32)
-        prompt[self.n_ctx - len(sequence.prompt[-self.n_ctx:]):] = sequence.prompt[-self.n_ctx:]
-        self.slots.admit(tf.constant(slot), tf.constant(prompt), tf.constant(self.n_ctx - len(sequence.prompt)),
-                         tf.constant(bias))
+        self.floats[:, slot] = [sequence.sampling[name] for name in FLOATS]
+        self.top_k[slot], self.seed[slot] = sequence.sampling["top_k"], sequence.seed
+        self.slots.admit(slot, sequence.prompt, bias)
         sequence.since_context = 0
 
     def _prefill(self, sequence):
@@ -173,34 +169,27 @@ class Scheduler:
         start, end = sequence.prefilled, len(sequence.context) - 1
         size = min(self.chunk, power_of_two(end - start, MIN_CHUNK))
         piece = sequence.context[start:min(end, start + size)]
-        tokens = np.zeros([1, size], np.int32)
-        tokens[0, :len(piece)] = piece
-        self.slots.prefill(tf.constant(tokens), tf.constant(sequence.slot), tf.constant(start),
-                           window(start + len(piece), self.n_ctx))
+        tokens = np.zeros(size, np.int32)
+        tokens[:len(piece)] = piece
+        self.slots.prefill(tokens, sequence.slot, start, window(start + len(piece), self.n_ctx))
         sequence.prefilled = start + len(piece)
 
     def _decode(self, steps):
         """Up to `steps` new tokens for each sequence that is ready, handed to its sink."""
         ready = [s for s in self.running if s is not None and not s.prefilling]
-        token, position, budget, drawn = (np.zeros(self.max_batch, np.int32) for _ in range(4))
-        wants = np.zeros(self.max_batch, bool)
+        ints = dict(zip(INTS, np.zeros([len(INTS), self.max_batch], np.int32)), top_k=self.top_k)
         for s in ready:
-            token[s.slot] = s.generated[-1] if s.since_context else s.context[-1]
-            position[s.slot], drawn[s.slot], wants[s.slot] = s.position, len(s.generated), s.logprobs
-            budget[s.slot] = min(steps, s.max_tokens - len(s.generated), self.n_ctx - s.position)
-        sampling = {name: tf.constant(self.values[name]) for name in (*FLOATS, "top_k")}
-        tokens, count, logprob, (top_ids, top_logprobs) = self.slots.decode(
-            tf.constant(token), tf.constant(position), tf.constant(budget), tf.constant(steps),
-            tf.constant(self.eot), sampling, tf.constant(self.values["seed"]), tf.constant(drawn),
-            tf.constant(wants), window(int(max(position[s.slot] + budget[s.slot] for s in ready)), self.n_ctx))
-        tokens, count = tokens.numpy(), count.numpy()
-        if wants.any():
-            logprob, top_ids, top_logprobs = logprob.numpy(), top_ids.numpy(), top_logprobs.numpy()
+            ints["token"][s.slot] = s.generated[-1] if s.since_context else s.context[-1]
+            ints["position"][s.slot], ints["drawn"][s.slot], ints["logprobs"][s.slot], ints["biased"][s.slot] = (
+                s.position, len(s.generated), s.logprobs, bool(s.bias))
+            ints["budget"][s.slot] = min(steps, s.max_tokens - len(s.generated), self.n_ctx - s.position)
+        tokens, count, logprobs = self.slots.decode(
+            np.stack([ints[name] for name in INTS]), self.floats, self.seed,
+            window(int(max(ints["position"] + ints["budget"])), self.n_ctx))
         for s in ready:
             new = tokens[s.slot, :count[s.slot]].tolist()
-            logprobs = ([(logprob[s.slot, j], top_ids[s.slot, j], top_logprobs[s.slot, j]) for j in range(len(new))]
-                        if s.logprobs else None)
-            self._advance(s, new, logprobs)
+            self._advance(s, new, [tuple(values[s.slot, j] for values in logprobs) for j in range(len(new))]
+                          if s.logprobs else None)
 
     def _advance(self, sequence, new, logprobs):
         """The sequence after its new tokens: ended (budget, end-of-text, its sink's stop),

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""`tfgpt2 serve` under load: many clients at once against the same requests one after another,
+and against the SavedModel's `generate` signature called from as many threads, in one run.
+
+    tfgpt2 make-checkpoint 124M          # a model folder (random weights run at the same speed)
+    python benchmarks/benchmark_serve.py --model_dir models/124M
+    python benchmarks/benchmark_serve.py --model_dir models/124M --clients 64 --max_batch 64 \\
+        --requests 512 --decode_steps 8 --candidates concurrent --name serve-gpu     # on a GPU
+
+One set of `--requests` completions (prompts of `--prompt` tokens, `--new` new tokens, drawn at
+random within those ranges; temperature 1, each its own seed, <|endoftext|> banned so that every
+request makes exactly its tokens) is sent:
+
+- concurrent: by `--clients` clients at once (streamed, each taking the next request when its
+  last is done) to `tfgpt2 serve --max_batch`;
+- sequential: one after another to `tfgpt2 serve --max_batch 1` (a batch of one, so its steps
+  are no wider than one request needs);
+- saved_model: by `--clients` threads at once, each request to the `generate` signature of a
+  SavedModel exported here (batch 1; TF runs the calls concurrently).
+
+Each server and the SavedModel run in a child process of their own; every candidate first runs a
+warm-up (compiling its programs), then `--runs` timed passes. Per pass: tokens/s (new tokens of
+all requests over the pass's wall time), and for the servers the time to first token (the first
+streamed chunk) at the median and 99th percentile over the requests. Then the concurrent server
+answers `--rss_requests` tiny requests and its resident set is read before and after (growth
+would show a leak). The report (benchmarks/report.py) goes to `--report DIR` as `--name`.json
+and .md (default serve).
+"""
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+try:
+    from . import report
+except ImportError:  # run as `python benchmarks/benchmark_serve.py`: this folder is on sys.path
+    import report
+
+EOT = 50256
+CANDIDATES = ["concurrent", "sequential", "saved_model"]
+
+
+def workload(n, prompt, new, seed=0):
+    """n requests: (prompt token ids, new tokens, seed)."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, EOT, rng.integers(prompt[0], prompt[1] + 1)).tolist(),
+             int(rng.integers(new[0], new[1] + 1)), i) for i in range(n)]
+
+
+def warm_up(prompt, new):
+    """Requests that reach every prefill chunk and attention window the workload can: the shortest
+    and longest prompts and two between, each with the most new tokens."""
+    lengths = sorted({prompt[0], (prompt[0] + prompt[1]) // 2, 3 * prompt[1] // 4, prompt[1]})
+    return [(list(range(1000, 1000 + n)), new[1], 100 + i) for i, n in enumerate(lengths)]
+
+
+def body(request, stream=True):
+    ids, new, seed = request
+    return {"model": "bench", "prompt": ids, "max_tokens": new, "temperature": 1.0, "seed": seed, "stream": stream,
+            "logit_bias": {str(EOT): -100}}
+
+
+# ---- the servers ----------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, max_batch):
+    """`tfgpt2 serve` in a child process, once it answers: (process, base URL)."""
+    import httpx
+    port = free_port()
+    command = [sys.executable, "-m", "tfgpt2.cli.main", "serve", "--model_dir", args.model_dir, "--port", str(port),
+               "--served_model_name", "bench", "--max_batch", str(max_batch), "--max_queue", str(args.requests + 64),
+               "--prefill_chunk", str(args.prefill_chunk), "--decode_steps", str(args.decode_steps), "--dtype",
+               args.dtype, "--quiet"]
+    child = subprocess.Popen(command, cwd=report.ROOT, env=dict(os.environ, PYTHONPATH=report.ROOT))
+    url = f"http://127.0.0.1:{port}"
+    while child.poll() is None:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return child, url
+        except httpx.TransportError:
+            time.sleep(0.5)
+    raise RuntimeError(f"tfgpt2 serve exited with {child.returncode}")
+
+
+def stop_server(child):
+    """SIGTERM (a drain): the exit status, 0 when it went as it should."""
+    child.send_signal(signal.SIGTERM)
+    return child.wait(timeout=600)
+
+
+async def one(client, url, request):
+    """A streamed completion: (seconds to the first chunk, new tokens)."""
+    start, first = time.perf_counter(), None
+    async with client.stream("POST", url + "/v1/completions", json=body(request)) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {") and first is None:
+                first = time.perf_counter() - start
+    return first, request[1]
+
+
+async def drive(url, requests, clients):
+    """The requests by `clients` clients at once: (wall seconds, [(first chunk s, tokens)])."""
+    import httpx
+    queue, results = list(reversed(requests)), []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
+        async def worker():
+            while queue:
+                results.append(await one(client, url, queue.pop()))
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return time.perf_counter() - start, results
+
+
+def passes(url, requests, clients, runs, prompt, new):
+    """A warm-up, then `runs` timed passes: per pass {tokens_per_s, ttft_p50_s, ttft_p99_s}."""
+    asyncio.run(drive(url, warm_up(prompt, new), clients))
+    out = []
+    for _ in range(runs):
+        wall, results = asyncio.run(drive(url, requests, clients))
+        firsts = [f for f, _ in results]
+        out.append({"tokens_per_s": sum(n for _, n in results) / wall, "ttft_p50_s": float(np.percentile(firsts, 50)),
+                    "ttft_p99_s": float(np.percentile(firsts, 99))})
+    return out
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def rss_growth(url, pid, count, clients):
+    """The server's resident set (MB) before and after `count` tiny requests (after 200 first)."""
+    tiny = [([1 + i % 5000, 2 + i % 7], 2, i) for i in range(count)]
+    asyncio.run(drive(url, tiny[:200], clients))
+    before = rss_mb(pid)
+    asyncio.run(drive(url, tiny, clients))
+    return before, rss_mb(pid)
+
+
+# ---- the SavedModel, in a child process -----------------------------------------------------
+
+def saved_model_worker(args):
+    """Export (once, into --export_dir), then --runs passes of the workload from --clients threads."""
+    import tensorflow as tf
+    from tfgpt2.formats.saved_model import export_saved_model
+    path = os.path.join(args.export_dir, "1")
+    if not os.path.isdir(path):
+        export_saved_model(args.model_dir, args.export_dir, dtype=args.dtype)
+    generate = tf.saved_model.load(path).signatures["generate"]
+
+    def call(request):
+        ids, new, seed = request
+        ids = tf.constant([ids], tf.int32)
+        generate(input_ids=ids, attention_mask=tf.ones_like(ids), max_new_tokens=tf.constant(new),
+                 temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(1.0),
+                 seed=tf.constant(seed, tf.int64))["output_ids"].numpy()
+        return new
+
+    def run(requests):
+        queue, done, lock = list(reversed(requests)), [], threading.Lock()
+
+        def worker():
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    request = queue.pop()
+                done.append(call(request))
+        threads = [threading.Thread(target=worker) for _ in range(args.clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(done) / (time.perf_counter() - start)
+    requests = workload(args.requests, args.prompt, args.new)
+    run(requests)  # the warm-up: every shape of the workload compiles
+    print(json.dumps([{"tokens_per_s": run(requests)} for _ in range(args.runs)]))
+
+
+def saved_model(args):
+    with tempfile.TemporaryDirectory(prefix="tfgpt2-serve-bench-") as tmp:
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "--export_dir", os.path.join(tmp, "export"),
+                   *sys_args(args)]
+        done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=report.ROOT))
+    if done.returncode:
+        raise RuntimeError("the SavedModel worker failed: " + done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sys_args(args):
+    return ["--model_dir", args.model_dir, "--requests", str(args.requests), "--clients", str(args.clients),
+            "--runs", str(args.runs), "--dtype", args.dtype, "--prompt", *map(str, args.prompt),
+            "--new", *map(str, args.new)]
+
+
+# ---- the driver ---------------------------------------------------------------------------
+
+COLUMNS = [report.column("candidate", "candidate"), report.column("clients", "clients"),
+           report.column("slots", "slots"), report.column("tokens_per_s", "tokens/s", ".1f"),
+           report.column("vs_sequential", "tokens/s vs sequential", ".2f"),
+           report.column("ttft_p50_s", "first token p50 s", ".2f"), report.column("ttft_p99_s", "first token p99 s", ".2f")]
+
+
+def rows_of(results, args):
+    rows = []
+    for name, passes_ in results.items():
+        row = {"candidate": name, "clients": 1 if name == "sequential" else args.clients,
+               "slots": {"concurrent": args.max_batch, "sequential": 1}.get(name)}
+        row.update({k: report.spread([p[k] for p in passes_]) for k in passes_[0]})
+        rows.append(row)
+    base = next((r for r in rows if r["candidate"] == "sequential"), None)
+    for row in rows:
+        if base:
+            row["vs_sequential"] = row["tokens_per_s"]["median"] / base["tokens_per_s"]["median"]
+    return rows
+
+
+def headlines(rows, args):
+    by = {r["candidate"]: r for r in rows}
+    if "concurrent" not in by:
+        return []
+    c = by["concurrent"]
+    figure = f"{c['tokens_per_s']['median']:,.0f} tokens/s"
+    if "vs_sequential" in c:
+        figure += f", {c['vs_sequential']:.1f}x one after another"
+    if "saved_model" in by:
+        figure += f", {c['tokens_per_s']['median'] / by['saved_model']['tokens_per_s']['median']:.1f}x the SavedModel"
+    figure += f"; first token p50 {c['ttft_p50_s']['median']:.2f} s, p99 {c['ttft_p99_s']['median']:.2f} s"
+    return [{"what": f"tfgpt2 serve, {args.clients} clients, {args.max_batch} slots", "figure": figure}]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
+    parser.add_argument("--candidates", nargs="+", default=CANDIDATES, choices=CANDIDATES)
+    parser.add_argument("--clients", type=int, default=16, help="clients at once (and SavedModel threads)")
+    parser.add_argument("--max_batch", type=int, default=16, help="the concurrent server's slots")
+    parser.add_argument("--requests", type=int, default=32, help="requests per pass")
+    parser.add_argument("--prompt", type=int, nargs=2, default=[8, 64], metavar=("MIN", "MAX"), help="prompt tokens")
+    parser.add_argument("--new", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"), help="new tokens")
+    parser.add_argument("--runs", type=int, default=2, help="timed passes per candidate")
+    parser.add_argument("--prefill_chunk", type=int, default=64, help="the servers' --prefill_chunk")
+    parser.add_argument("--decode_steps", type=int, default=1, help="the servers' --decode_steps (8 on a GPU)")
+    parser.add_argument("--dtype", default="float32", help="the model's Keras dtype policy")
+    parser.add_argument("--rss_requests", type=int, default=2000, help="tiny requests for the memory check (0: none)")
+    report.add_arguments(parser, "serve")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--export_dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return saved_model_worker(args)
+    requests = workload(args.requests, args.prompt, args.new)
+    results, memory, statuses = {}, None, []
+    for name in args.candidates:
+        print(f"measuring {name} ...", file=sys.stderr, flush=True)
+        if name == "saved_model":
+            results[name] = saved_model(args)
+            continue
+        child, url = start_server(args, args.max_batch if name == "concurrent" else 1)
+        try:
+            clients = args.clients if name == "concurrent" else 1
+            results[name] = passes(url, requests, clients, args.runs, args.prompt, args.new)
+            if name == "concurrent" and args.rss_requests:
+                memory = rss_growth(url, child.pid, args.rss_requests, args.clients)
+        finally:
+            statuses.append(stop_server(child))
+    rows = rows_of(results, args)
+    notes = [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
+             f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned; tokens/s: new "
+             f"tokens over the pass's wall time; first token: the first streamed chunk of each request. "
+             f"Median (range) over {args.runs} passes after a warm-up. Servers: --prefill_chunk "
+             f"{args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}; each server and the SavedModel "
+             f"in a process of its own; clients over HTTP on the same machine."]
+    if memory:
+        notes.append(f"Memory: the concurrent server's resident set was {memory[0]:,.0f} MB after 200 tiny requests "
+                     f"and {memory[1]:,.0f} MB after {args.rss_requests} more ({memory[1] - memory[0]:+,.0f} MB).")
+    if any(statuses):
+        notes.append(f"A server did not drain cleanly on SIGTERM: exit statuses {statuses}.")
+    settings = {k: getattr(args, k) for k in ("model_dir", "candidates", "clients", "max_batch", "requests", "prompt",
+                                              "new", "runs", "prefill_chunk", "decode_steps", "dtype",
+                                              "rss_requests")}
+    settings["rss_mb"] = memory
+    report.publish(args, "Serving under load", [report.table(COLUMNS, rows)], tool=__file__, argv=argv,
+                   settings=settings, notes=notes, headlines=headlines(rows, args))
+    return 1 if any(statuses) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
