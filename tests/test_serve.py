@@ -264,6 +264,15 @@ def test_logprobs_are_the_models(client, tiny):
                                    atol=1e-4)
     _, _, chunks = streamed(client, prompt=PROMPTS[0], max_tokens=NEW, temperature=1.0, seed=3, logprobs=3)
     assert sum((c.choices[0].logprobs.tokens for c in chunks if c.choices), []) == lp.tokens
+    echoed = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=NEW, temperature=1.0, seed=3,
+                                       logprobs=3, echo=True).choices[0]
+    assert echoed.text == PROMPTS[0] + out.choices[0].text
+    assert echoed.logprobs.tokens == [token_text(word(t)) for t in prompt] + lp.tokens
+    assert echoed.logprobs.text_offset == [len(ENCODER.decode(prompt[:j])) for j in range(len(prompt))] + [
+        len(PROMPTS[0]) + offset for offset in lp.text_offset]
+    assert echoed.logprobs.token_logprobs[0] is None and echoed.logprobs.top_logprobs[0] is None
+    np.testing.assert_allclose(echoed.logprobs.token_logprobs[1:], [logp[j, t] for j, t in enumerate(ids[1:])],
+                               atol=1e-4)
 
 
 OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",

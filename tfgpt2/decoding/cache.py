@@ -43,15 +43,16 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
     return through_blocks(model, X, positions_for(X, cache_index, pad), mask, cache, write, layouts, table)
 
 
-def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None):
+def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, every_position=False):
     """X [rows, T] through the blocks over a cache of slots (`empty_cache` of one row per slot):
     row r's tokens sit at positions start[r], start[r] + 1, ... of its slot (row r's own, or
     slot[r] with `slot` [rows]), their keys and values written there, and attend to the slot's
     first `window` positions (a Python int) up to their own. A slot's keys past the position
     being written are never read, so a slot is reused without clearing it.
 
-    Returns the logits of the last position [rows, n_vocab] and the updated cache. Positions
-    past the cache are not written (XLA drops such updates) and are not checked here."""
+    Returns the logits of the last position [rows, n_vocab] (of every position [rows, T,
+    n_vocab] with `every_position`) and the updated cache. Positions past the cache are not
+    written (XLA drops such updates) and are not checked here."""
     hp = model.hparams
     positions = start[:, None] + tf.range(shape_list(X)[1])
     mask = tf.cast(positions[:, :, None] >= tf.range(window), model.compute_dtype)  # [rows, T, window]
@@ -63,20 +64,21 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None):
                           tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])], axis=1)
         stored = tf.tensor_scatter_nd_update(old, where, tf.reshape(new, [-1, shape_list(new)[2]]))
         return stored, (stored if slot is None else tf.gather(stored, rows))[:, :window]
-    return through_blocks(model, X, positions, mask, cache, write, layouts)
+    return through_blocks(model, X, positions, mask, cache, write, layouts, every_position=every_position)
 
 
-def through_blocks(model, X, positions, mask, cache, write, layouts, table=None):
+def through_blocks(model, X, positions, mask, cache, write, layouts, table=None, *, every_position=False):
     """The embeddings of X at `positions`, the blocks over `cache` (`write(old, new)` stores a
     layer's new keys or values and gives (the stored cache, what attention reads)), then the
-    logits of the last position: ([batch, n_vocab], the updated cache)."""
+    logits of the last position, or of every one: ([batch, n_vocab] or [batch, T, n_vocab], the
+    updated cache)."""
     embed, logits = table or ((lambda X: tf.gather(model.as_compute(model.wte), X)), model.lm_logits)
     h = embed(X) + tf.gather(model.as_compute(model.wpe), positions)
     new_cache = []
     for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
         h, layer_cache = block_with_cache(block, h, mask, layer_cache, write, layout)
         new_cache.append(layer_cache)
-    return logits(h[:, -1:])[:, 0], new_cache
+    return (logits(h) if every_position else logits(h[:, -1:])[:, 0]), new_cache
 
 
 def block_with_cache(block, x, mask, cache, write, layout):

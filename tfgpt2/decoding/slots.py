@@ -70,11 +70,16 @@ class Slots:
         self.program("admit", spec([2], tf.int32), spec([n_ctx], tf.int32), spec(bias.shape, tf.float32))(
             tf.constant(where), tf.constant(padded), tf.constant(bias))
 
-    def prefill(self, tokens, slot, start, window):
+    def prefill(self, tokens, slot, start, window, targets=None):
         """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
-        over its first `window` positions)."""
-        self.program("prefill", spec([1, len(tokens)], tf.int32), spec([2], tf.int32), window=window)(
-            tf.constant(tokens[None], tf.int32), tf.constant([slot, start], tf.int32))
+        over its first `window` positions). With `targets` [C], the token after each, returns
+        how likely each was (`log_probabilities`: [C], [C, N], [C, N], numpy), for the
+        log-probabilities of a prompt."""
+        score = targets is not None
+        specs = [spec([1, len(tokens)], tf.int32), spec([2], tf.int32)] + [spec([len(tokens)], tf.int32)] * score
+        args = [tokens[None], [slot, start]] + [targets] * score
+        out = self.program("prefill", *specs, window=window)(*(tf.constant(a, tf.int32) for a in args))
+        return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy()) if score else None
 
     def decode(self, ints, floats, seed, window):
         """Up to `steps` new tokens per slot (`_decode`), from numpy arrays: `ints` [len(INTS), B]
@@ -93,9 +98,12 @@ class Slots:
         self.counts.scatter_nd_update(at, state["counts"])
         self.seen.scatter_nd_update(at, state["seen"])
 
-    def _prefill(self, tokens, where, *, window):
-        self._store(call_with_slots(self.model, tokens, self._read(), where[1:], window=window, slot=where[:1],
-                                    layouts=self.layouts)[1])
+    def _prefill(self, tokens, where, targets=None, *, window):
+        logits, cache = call_with_slots(self.model, tokens, self._read(), where[1:], window=window, slot=where[:1],
+                                        layouts=self.layouts, every_position=targets is not None)
+        self._store(cache)
+        if targets is not None:
+            return log_probabilities(logits[0], targets)
 
     def _decode(self, ints, floats, seed, *, window):
         """Up to `steps` new tokens per slot: its `token` fed at its `position`, each new token

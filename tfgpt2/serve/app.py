@@ -62,30 +62,43 @@ class Choice:
                                     else encoder.decode(completion.prompts[prompt]))
         self.echo = echo or ""
         self.stream = TextStream(encoder.encoding.decode_single_token_bytes, completion.stops, offset=len(self.echo))
-        self.top = completion.logprobs
         self.sequence = Sequence(completion.prompts[prompt], completion.max_tokens, completion.sampling, self.sink,
                                  bias=completion.bias, seed=completion.seed_of(index),
-                                 logprobs=completion.logprobs is not None, context_keep=completion.context_keep)
+                                 logprobs=completion.logprobs is not None, context_keep=completion.context_keep,
+                                 score_prompt=completion.echo and completion.logprobs is not None)
         self.tokens = 0
 
     def sink(self, tokens, logprobs, end):
         """The scheduler's call (engine thread): the new tokens as text; True at a stop string."""
-        self.tokens += len(tokens)
+        first, self.tokens = not self.tokens, self.tokens + len(tokens)
         if end == "eot":  # <|endoftext|> ends the text and is not part of it
             tokens, logprobs = tokens[:-1], logprobs and logprobs[:-1]
-        entries = logprobs and [self.entry(token, *values) for token, values in zip(tokens, logprobs)]
+        entries = logprobs and [self.entry(token, values) for token, values in zip(tokens, logprobs)]
         text, released, stopped = self.stream.feed(tokens, entries)
         reason = "stop" if stopped or end == "eot" else end
         if reason:
             rest, more = self.stream.finish()
             text, released = text + rest, released + more
+        if first and self.sequence.score_prompt:  # the echoed prompt's entries come first
+            released = self.prompt_entries() + released
         self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, text, released, reason, len(tokens)))
         return stopped
 
-    def entry(self, token, logprob, top_ids, top_logprobs):
+    def entry(self, token, values):
+        """A token's logprobs entry from (its log-probability, the top ids, theirs), or None."""
         word = self.encoder.encoding.decode_single_token_bytes
-        return {"token": token_text(word(token)), "logprob": protocol.finite(logprob),
-                "top": [(token_text(word(int(t))), protocol.finite(p)) for t, p in zip(top_ids, top_logprobs)]}
+        logprob, top_ids, top_logprobs = values or (None, [], [])
+        return {"token": token_text(word(token)), "logprob": None if values is None else protocol.finite(logprob),
+                "top": None if values is None else [(token_text(word(int(t))), protocol.finite(p))
+                                                    for t, p in zip(top_ids, top_logprobs)]}
+
+    def prompt_entries(self):
+        """The prompt's tokens' entries, with their offsets in the echoed text (the first token
+        has no log-probability)."""
+        prompt = self.sequence.prompt
+        scored = TextStream(self.encoder.encoding.decode_single_token_bytes)
+        entries = [self.entry(t, v) for t, v in zip(prompt, [None] + self.sequence.prompt_logprobs)]
+        return scored.feed(prompt, entries)[1] + scored.finish()[1]
 
 
 def create_app(scheduler, *, model_name, encoder, hparams):

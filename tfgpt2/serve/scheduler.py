@@ -30,11 +30,14 @@ class Sequence:
     that many tokens; None: the request fits). `sink(tokens, logprobs, end)` hears each group
     of new tokens, from the engine thread (`end`: None, "length", "eot", or "error"; logprobs:
     (log-probability, top ids, their log-probabilities) per token, or None) and returns True
-    to end the sequence there (a stop string)."""
+    to end the sequence there (a stop string). With `score_prompt`, `prompt_logprobs` holds
+    those of the prompt's tokens but the first, as `logprobs` (filled before the first tokens)."""
 
-    def __init__(self, prompt, max_tokens, sampling, sink, *, bias=None, seed=0, logprobs=False, context_keep=None):
+    def __init__(self, prompt, max_tokens, sampling, sink, *, bias=None, seed=0, logprobs=False, context_keep=None,
+                 score_prompt=False):
         self.prompt, self.max_tokens, self.sampling, self.sink = list(prompt), max_tokens, sampling, sink
         self.bias, self.seed, self.logprobs, self.context_keep = bias or {}, seed, logprobs, context_keep
+        self.score_prompt, self.prompt_logprobs = score_prompt, []
         self.generated = []
         self.slot = None
         self.context, self.prefilled = self.prompt, 0  # what the slot's cache holds (a window, past n_ctx)
@@ -171,7 +174,13 @@ class Scheduler:
         piece = sequence.context[start:min(end, start + size)]
         tokens = np.zeros(size, np.int32)
         tokens[:len(piece)] = piece
-        self.slots.prefill(tokens, sequence.slot, start, window(start + len(piece), self.n_ctx))
+        targets = None
+        if sequence.score_prompt and sequence.context is sequence.prompt:  # the next token of each
+            targets = np.zeros(size, np.int32)
+            targets[:len(piece)] = sequence.context[start + 1:start + len(piece) + 1]
+        out = self.slots.prefill(tokens, sequence.slot, start, window(start + len(piece), self.n_ctx), targets)
+        if targets is not None:
+            sequence.prompt_logprobs += [tuple(values[j] for values in out) for j in range(len(piece))]
         sequence.prefilled = start + len(piece)
 
     def _decode(self, steps):
