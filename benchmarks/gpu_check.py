@@ -478,8 +478,8 @@ def main(argv=None):
             made = True
         else:
             made = False
-        checks, sweep, best, decode, trains, hf = run_stages(args, None if args.cpu_only else os.path.join(tmp, "gpu.lock"))
-    return publish(args, argv, made, checks, sweep, best, decode, trains, hf)
+        results = run_stages(args, None if args.cpu_only else os.path.join(tmp, "gpu.lock"))
+        return publish(args, argv, made, *results)  # while the weights it measured are there
 
 
 def weight_bytes_of(model_dir):

@@ -51,7 +51,12 @@ def serve(requests, tmp, **environ):
     or 'ErrorType: message'}."""
     with open(tmp / "requests.pkl", "wb") as f:
         pickle.dump(requests, f)
+    # the repository off the path (TensorFlow alone), but not where TensorFlow itself is
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not os.path.isdir(os.path.join(p, "tfgpt2"))]
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **environ}
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
     result = subprocess.run([sys.executable, "-c", CHILD, str(tmp / "requests.pkl"), str(tmp / "results.pkl")],
                             cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
