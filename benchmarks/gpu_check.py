@@ -485,7 +485,8 @@ def main(argv=None):
 def weight_bytes_of(model_dir):
     """The float32 bytes of a model folder's weights (the tied `wte` once)."""
     import math
-    from tfgpt2.hparams import load_hparams, variable_shapes
+    from tfgpt2.formats.variables import variable_shapes
+    from tfgpt2.hparams import load_hparams
     return 4 * sum(math.prod(shape) for shape in variable_shapes(load_hparams(model_dir)).values())
 
 

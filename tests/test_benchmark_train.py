@@ -70,7 +70,8 @@ def test_lora_figures_count_the_models_own_variables():
     import math
     import numpy as np
     from benchmarks.benchmark_train import gpu_accounting, lora_parameters
-    from tfgpt2.hparams import default_hparams, published_hparams, variable_shapes
+    from tfgpt2.formats.variables import variable_shapes
+    from tfgpt2.hparams import default_hparams, published_hparams
     from tfgpt2.model import GPT2
     hparams = published_hparams("1558M")
     hp = hparams.values()

@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 from tfgpt2 import GPT2, load_model
 from tfgpt2.hparams import default_hparams
 from tfgpt2.model import MLP, Attention, Block, Conv1D, Norm
-from tfgpt2.hparams import breakdown
+from tfgpt2.formats.variables import breakdown
 
 pytestmark = pytest.mark.slow  # Keras files loaded in fresh processes
 

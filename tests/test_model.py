@@ -8,7 +8,7 @@ from tests.conftest import ATOL, require_reference
 from tfgpt2 import GPT2, load_model
 from tfgpt2.hparams import default_hparams
 from tfgpt2 import model as model_module
-from tfgpt2.hparams import variable_shapes
+from tfgpt2.formats.variables import variable_shapes
 from tfgpt2.model import attention_mask, attn_probs, gelu, normalize, past_shape, window_loss
 from tfgpt2.sample import sample_sequence
 from tfgpt2.testing.reference import Reference

@@ -6,7 +6,7 @@ import pytest
 from tests.conftest import TINY
 from tfgpt2 import GPT2, count_params
 from tfgpt2.hparams import default_hparams, published_hparams
-from tfgpt2.hparams import breakdown
+from tfgpt2.formats.variables import breakdown
 from tfgpt2.cli import params as params_cli
 
 EXPECTED = {  # tied, untied

@@ -12,7 +12,7 @@ from . import model  # noqa: F401  registers the Keras classes
 
 _EXPORTS = {
     "HParams": "hparams", "default_hparams": "hparams", "published_hparams": "hparams",
-    "load_hparams": "hparams", "count_params": "hparams", "variable_shapes": "hparams",
+    "load_hparams": "hparams", "count_params": "formats.variables", "variable_shapes": "formats.variables",
     "GPT2": "model", "past_shape": "model",
     "load_model": "formats.checkpoint", "save_model": "formats.checkpoint",
     "CheckpointError": "formats.checkpoint",

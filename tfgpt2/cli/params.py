@@ -12,7 +12,8 @@ import argparse
 import os
 
 from ..formats.folders import model_folder
-from ..hparams import ALIASES, PUBLISHED, breakdown, load_hparams, published_hparams, published_name
+from ..formats.variables import breakdown
+from ..hparams import ALIASES, PUBLISHED, load_hparams, published_hparams, published_name
 from .args import Parser
 from .common import add_quiet
 

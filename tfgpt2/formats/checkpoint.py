@@ -12,7 +12,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from ..hparams import load_hparams, variable_shapes
+from ..hparams import load_hparams
+from .variables import variable_shapes
 from ..model import GPT2
 from . import bundle
 from .files import staging, write_text

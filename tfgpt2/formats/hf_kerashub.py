@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 from ..encoder import ASSETS_DIR, EOT, EOT_TOKEN, VOCAB_FILES, vocabulary_files
-from ..hparams import HParams, load_hparams, read_json_object, variable_shapes
+from ..hparams import HParams, load_hparams, read_json_object
+from .variables import variable_shapes
 from .files import staging
 
 FORMATS = ("openai", "hf", "kerashub")

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..encoder import ASSETS_DIR, VOCAB_FILES
 from ..formats.files import copy_file
-from ..hparams import variable_shapes
+from ..formats.variables import variable_shapes
 
 
 def random_weights(hparams, *, std=0.1, seed=0, tie_embeddings=True):
