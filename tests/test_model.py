@@ -6,10 +6,11 @@ import tensorflow as tf
 
 from tests.conftest import ATOL, require_reference
 from tfgpt2 import GPT2, load_model
+from tfgpt2.decoding.cache import padded_mask
 from tfgpt2.hparams import default_hparams
 from tfgpt2 import model as model_module
 from tfgpt2.formats.variables import variable_shapes
-from tfgpt2.model import attention_mask, attn_probs, gelu, normalize, past_shape, window_loss
+from tfgpt2.model import attn_probs, gelu, normalize, past_shape, window_loss
 from tfgpt2.sample import sample_sequence
 from tfgpt2.testing.reference import Reference
 
@@ -244,7 +245,7 @@ def test_attn_probs_gradient_is_autodiffs(pad):
     rng = np.random.default_rng(0)
     w = tf.constant(rng.normal(0.0, 8.0, [2, 3, 5, 7]), tf.float32)
     weight = tf.constant(rng.normal(size=[2, 3, 5, 7]), tf.float32)
-    mask = attention_mask(5, 7, dtype=tf.float32, pad=None if pad is None else tf.constant(pad))
+    mask = padded_mask(5, 7, dtype=tf.float32, pad=None if pad is None else tf.constant(pad))
     b = mask[None, None] if pad is None else mask[:, None]
 
     def plain(w):

@@ -113,7 +113,7 @@ def tiny(tiny_dir):
 def loaded(tiny, monkeypatch):
     """The commands load the shared tiny model (one compile per shape for the whole test)
     after checking their flags as they do for any model."""
-    monkeypatch.setattr(checkpoint, "load_model", lambda folder, dtype=None: tiny)
+    monkeypatch.setattr(checkpoint, "load_model", lambda folder, **options: tiny)
 
 
 def jsonl(tmp_path, tiny_dir, rows, *flags):

@@ -343,15 +343,38 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
 
 @pytest.mark.slow
 def test_compiled_functions_live_and_die_with_the_model(tiny_dir):
-    """A model that has generated is freed once dropped: its Generator is kept on it."""
+    """A model that has generated keeps its Generator across calls (`generator_for`), and is
+    freed once dropped: the Generator kept for it does not hold it."""
     model = load_model(tiny_dir)
     generate(model, [[1, 2]], 3, seed=0)
+    kept = generator_for(model, choose)
     generate(model, [[1, 2]], 3, seed=0, progress=lambda n: None)
-    assert set(model.generators) == {True}
+    assert generator_for(model, choose) is kept and kept.traces == 3  # the whole loop, then its two pieces
     ref = weakref.ref(model)
     del model
     gc.collect()
     assert ref() is None, "the model is still referenced after del and gc.collect()"
+
+
+@pytest.mark.slow
+def test_a_loop_is_compiled_afresh_for_lora_and_int8(tiny_dir):
+    """Generation after `enable_lora` reaches the adapters (greedy tokens: the argmax of the
+    adapted model's forward passes, other than before); after `quantize` the model gets another
+    Generator (the loop compiled before read the float weights)."""
+    model, prompt = load_model(tiny_dir), [5, 6, 7]
+    before = generate(model, [prompt], 6, top_k=1, jit_compile=False)[0]
+    model.enable_lora(2, seed=0)
+    rng = np.random.default_rng(0)
+    for _, conv in model.conv1d_layers():
+        if conv.lora_enabled:
+            conv.lora_kernel_b.assign(rng.normal(0.0, 0.5, conv.lora_kernel_b.shape))
+    after = generate(model, [prompt], 6, top_k=1, jit_compile=False)[0]
+    assert_greedy(model, prompt, after)
+    assert after.tolist() != before.tolist()
+    model = load_model(tiny_dir)
+    float_loop = generator_for(model, choose)
+    model.quantize("int8")
+    assert generator_for(model, choose) is not float_loop
 
 
 def test_temperature_zero_is_greedy():

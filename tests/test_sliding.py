@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from tests.test_controls import last_logits, reference_logits, tiny  # noqa: F401 (fixtures)
 from tests.test_sample import prompts_for
-from tfgpt2.sample import _uniform, generate, sample_sequence
+from tfgpt2.decoding.generator import generator_for
+from tfgpt2.sample import _uniform, choose, generate, sample_sequence
 
 PROMPTS = prompts_for(5, [3, 7, 5])
 N_CTX = 64
@@ -102,7 +103,7 @@ def test_a_stop_sequence_across_a_slide_ends_the_row_and_traces_are_bounded(tiny
     chunks = list(generate(tiny, PROMPTS, LENGTH, temperature=0, stop=[stop], chunk=16, stream=True))
     for row, (p, r) in enumerate(zip(PROMPTS, rows)):
         assert np.concatenate([c[row] for c in chunks]).tolist() == r[len(p):].tolist(), f"row {row}"
-    generator = tiny.generators[True]
+    generator = generator_for(tiny, choose)
     traces = generator.traces
     generate(tiny, PROMPTS, LENGTH + 40, temperature=0, stop=[stop])  # four segments, the last of 26
     sample_sequence(model=tiny, context=PROMPTS, length=LENGTH + 17, temperature=0)

@@ -34,13 +34,29 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
     Returns the logits of the last position [batch, n_vocab] (all that generation needs) and the
     updated cache. Inputs are not checked here: `request.check_request` (in a SavedModel,
     `request.assert_request`) checks them before XLA."""
-    mask = attention_mask(shape_list(X)[1], shape_list(cache[0][0])[1], dtype=model.compute_dtype,
-                          offset=cache_index, pad=pad)
+    mask = padded_mask(shape_list(X)[1], shape_list(cache[0][0])[1], dtype=model.compute_dtype,
+                       offset=cache_index, pad=pad)
 
     def write(old, new):
         stored = write_cache(old, new, cache_index)
         return stored, stored
-    return through_blocks(model, X, positions_for(X, cache_index, pad), mask, cache, write, layouts, table)
+    return through_blocks(model, X, padded_positions(X, cache_index, pad), mask, cache, write, layouts, table)
+
+
+def padded_mask(nd, ns, *, dtype, offset=None, pad=None):
+    """`model.attention_mask` for rows left-padded by `pad` [batch] slots: each row's padding
+    keys masked too, as [batch, nd, ns] (the model's own mask where `pad` is None)."""
+    m = attention_mask(nd, ns, dtype=tf.bool, offset=offset)
+    if pad is not None:
+        m = tf.logical_and(m[None], (tf.range(ns)[None, :] >= pad[:, None])[:, None, :])
+    return tf.cast(m, dtype)
+
+
+def padded_positions(tokens, past_length, pad):
+    """`model.positions_for`, each row counted from its first real token where `pad` [batch]
+    (its left-padding slots) is given; padding slots get position 0, and are masked anyway."""
+    positions = positions_for(tokens, past_length)
+    return positions if pad is None else tf.maximum(positions - tf.cast(pad, tf.int32)[:, None], 0)
 
 
 def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, every_position=False):

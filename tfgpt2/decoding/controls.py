@@ -23,7 +23,7 @@ checks the same rules in Python.
 """
 import tensorflow as tf
 
-from ..model import in_vocabulary
+from ..inputs import in_vocabulary
 from .request import BANNED, in_range, require
 
 

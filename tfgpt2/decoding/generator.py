@@ -1,4 +1,4 @@
-"""The compiled generation loop, kept on the model (`generator_for`).
+"""The compiled generation loop, kept for each model while it lives (`generator_for`).
 
 The original's `sample_sequence` as one `tf.function` (XLA when `jit_compile`): the prompt but
 its last token fills the cache, then a `tf.while_loop` feeds back one token at a time, picked
@@ -6,6 +6,8 @@ by the `choose` it is given (`tfgpt2.sample.choose`), writing each into a token 
 `length` new tokens or every row has stopped. The generation controls (`controls.py`) act on
 the logits before `choose` and end rows at stop sequences.
 """
+import weakref
+
 import tensorflow as tf
 
 from ..model import shape_list
@@ -16,7 +18,8 @@ from .cache import call_with_cache, empty_cache
 
 
 class Generator:
-    """The compiled generation loop for one model, kept on it (`generator_for`).
+    """The compiled generation loop for one model, which it holds weakly (`generator_for` keeps
+    one for the model's life; whoever makes one holds the model while using it).
 
     `generate_padded` runs a whole generation as one `tf.function` (XLA when `jit_compile`)
     over left-padded prompts. `start` (the prompt but its last token) and `resume` (new
@@ -27,14 +30,21 @@ class Generator:
     """
 
     def __init__(self, model, choose, *, jit_compile=True):
-        self.model, self.choose = model, choose
+        self._model, self.choose = weakref.ref(model), choose
         self.jit_compile = jit_compile
         self.traces = 0
         # traced as written: nothing in the loop needs autograph, which would rewrite the model's code
         self.generate_padded, self.start, self.resume = (
             tf.function(self._counted(f), jit_compile=jit_compile, autograph=False)
             for f in (self._generate, self._start, self._resume))
-        self.transposed = tf.function(lambda: layouts.transposed(model))
+        self.transposed = tf.function(lambda: layouts.transposed(self.model))
+
+    @property
+    def model(self):
+        model = self._model()
+        if model is None:
+            raise ReferenceError("the model of this Generator is gone: hold it while generating")
+        return model
 
     def _counted(self, f):
         def traced(*args):
@@ -113,9 +123,19 @@ def _column(values, index):
     return tf.stack([tf.range(batch), tf.fill([batch], index)], axis=1)
 
 
+KEPT = weakref.WeakKeyDictionary()
+"""model -> (what its loops were compiled for, {jit_compile: Generator}), freed with the model,
+as Keras keeps `predict_function` for a model."""
+
+
 def generator_for(model, choose, *, jit_compile=True):
-    """The model's `Generator`, kept in `model.generators` so that it lives and dies with the
-    model (compiles are reused across calls)."""
-    if jit_compile not in model.generators:
-        model.generators[jit_compile] = Generator(model, choose, jit_compile=jit_compile)
-    return model.generators[jit_compile]
+    """The model's `Generator`, kept for it while it lives (compiles are reused across calls);
+    made afresh once LoRA is enabled or layers are quantized (the loops compiled before leave
+    them out)."""
+    compiled_for = (repr(model.lora), [conv.quantization_mode for block in model.h for conv in layouts.convs(block)])
+    if model not in KEPT or KEPT[model][0] != compiled_for:
+        KEPT[model] = (compiled_for, {})
+    generators = KEPT[model][1]
+    if jit_compile not in generators:
+        generators[jit_compile] = Generator(model, choose, jit_compile=jit_compile)
+    return generators[jit_compile]

@@ -8,7 +8,8 @@ object's keys into ints), then asks `check_request`, naming the fields as its us
 
     request = check_request(prompts, length, n_vocab=hp.n_vocab, n_ctx=hp.n_ctx,
                             names={"length": "max_tokens", "prompts": "prompt"}, temperature=0.7, top_k=40)
-    rows = tfgpt2.generate(model, request.prompts, request.length, **request.sampling)
+    rows = tfgpt2.generate(model, request.prompts, request.length, context_keep=request.context_keep,
+                           **request.sampling)
 
 It returns a `Request` of checked values, or raises ValueError naming the first bad field as
 `names` spells it ("max_tokens must be an integer in [1, 2**31), got 0"): the message the
@@ -24,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..encoder import EOT_TOKEN
-from ..model import in_vocabulary
+from ..inputs import in_vocabulary
 
 BANNED = -100.0  # OpenAI's rule: a logit bias at or below it bans the token
 
@@ -135,7 +136,7 @@ def check_request(prompts, length, *, n_vocab, n_ctx, context_keep=None, names=N
 
 
 def check_prompts(prompts, n_vocab, name="prompt"):
-    """Each prompt as a 1-D int64 array of token ids in [0, n_vocab) (`model.in_vocabulary`),
+    """Each prompt as a 1-D int64 array of token ids in [0, n_vocab) (`inputs.in_vocabulary`),
     at least one prompt of at least one token."""
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__") or len(prompts) == 0:
         raise ValueError(f"{name}s must be a non-empty list of token lists")
@@ -194,7 +195,7 @@ def check_sampling(n_vocab, *, names=None, temperature=1.0, top_k=0, top_p=1.0, 
 
 
 def _token_ids(tokens, n_vocab, name):
-    """The tokens as ints, each a token id (`model.in_vocabulary`, asked once for all), else
+    """The tokens as ints, each a token id (`inputs.in_vocabulary`, asked once for all), else
     ValueError naming the first that is not."""
     ids = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_)) else -1 for t in tokens]
     known = in_vocabulary(np.array([i if abs(i) < 2**62 else -1 for i in ids], np.int64), n_vocab)

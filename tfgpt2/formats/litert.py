@@ -32,7 +32,8 @@ import tensorflow as tf
 from ..decoding.cache import call_with_cache, empty_cache
 from ..decoding.request import check_request
 from ..encoder import EOT_TOKEN
-from ..model import in_vocabulary, shape_list
+from ..inputs import in_vocabulary
+from ..model import shape_list
 from ..sample import choose
 from .checkpoint import load_model
 from .files import replacing

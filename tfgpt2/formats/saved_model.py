@@ -40,7 +40,7 @@ from ..decoding.controls import aligned_stops, assert_controls
 from ..decoding.generator import Generator
 from ..decoding.request import assert_request
 from ..encoder import EOT_TOKEN
-from ..model import in_vocabulary
+from ..inputs import in_vocabulary
 from ..sample import choose
 from .bundle import read_index
 from .checkpoint import checkpoint_prefix, load_model
@@ -86,8 +86,9 @@ def _per_row(x, batch, rank, name):
 class Serving(tf.Module):
     """The model's variables, each once (the tied `wte` too), and the two signatures.
 
-    The model and its `Generator` are held where `tf.Module` does not track them, so the
-    SavedModel stores plain variables, not the Keras objects.
+    Its `Generator` is held where `tf.Module` does not track it, and holds the model weakly, so
+    the SavedModel stores plain variables, not the Keras objects; the caller holds the model
+    while the signatures are traced (`export_saved_model`).
     """
 
     def __init__(self, model, *, stop_at_eot=False, eot=EOT_TOKEN):

@@ -9,7 +9,7 @@ import math
 import numbers
 import os
 
-from ..model import LORA_TARGETS
+from ..adapters import LORA_TARGETS
 from .data import check_encoding
 from .distribute import STRATEGIES
 from .optimizers import OPTIMIZERS

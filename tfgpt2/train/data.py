@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..encoder import EOT
+from ..inputs import in_vocabulary
 
 
 class DatasetError(ValueError):
@@ -77,9 +78,9 @@ def load_npz(path, n_vocab=None):
 
 
 def check_ids(chunk, n_vocab, where):
-    """Every id of `chunk` in [0, n_vocab) (n_vocab None: >= 0 and int32), else DatasetError
-    naming the first bad one."""
-    bad = np.flatnonzero((chunk < 0) | (chunk >= (n_vocab or np.iinfo(np.int32).max)))
+    """Every id of `chunk` in [0, n_vocab) (`inputs.in_vocabulary`; n_vocab None: >= 0 and
+    int32), else DatasetError naming the first bad one."""
+    bad = np.flatnonzero(~in_vocabulary(chunk, n_vocab or np.iinfo(np.int32).max))
     if bad.size:
         raise DatasetError(f"{where}[{bad[0]}] is token id {chunk[bad[0]]}, outside [0, n_vocab={n_vocab})")
 

@@ -14,13 +14,13 @@ import socket
 
 import tensorflow as tf
 
+from ..adapters import LORA_TARGETS
 from ..encoder import VOCAB_FILES
 from ..formats.checkpoint import checkpoint_prefix, save_tensors
 from ..formats.files import copy_file, write_text
 from ..formats.folders import model_folder, save_hparams
 from ..formats.lora import adapter_tensors, merged_weights, read_config
 from ..hparams import load_hparams, read_json_object
-from ..model import LORA_TARGETS
 
 BASE = "base_model.json"  # {"model_dir": the folder a run started from}
 
