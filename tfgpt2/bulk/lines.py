@@ -20,7 +20,7 @@ from ..decoding.request import check_sampling, check_window
 
 FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "presence_penalty",
           "frequency_penalty", "logit_bias", "stop", "stop_at_eot")  # what a line may set over the flags
-NAMES = {field: f"field {field!r}" for field in FIELDS} | {"prompts": "prompt", "length": "--length"}
+LINE_NAMES = {field: f"field {field!r}" for field in FIELDS} | {"prompts": "prompt", "length": "--length"}
 """The request's fields as the messages name them (the request rules', `decoding.request`)."""
 
 
@@ -87,9 +87,9 @@ def problem(row, tokens, enc, *, n_ctx, length, n_vocab, context_keep):
     if not tokens:
         return "empty prompt", None
     try:
-        check_window(len(tokens), length, n_ctx, context_keep=context_keep, names=NAMES)
+        check_window(len(tokens), length, n_ctx, context_keep=context_keep, names=LINE_NAMES)
         fields = line_controls(row)
-        check_sampling(n_vocab, names=NAMES, **line_keywords(fields, enc))
+        check_sampling(n_vocab, names=LINE_NAMES, **line_keywords(fields, enc))
     except ValueError as e:
         return str(e), None
     return None, fields

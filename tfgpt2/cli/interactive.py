@@ -21,7 +21,7 @@ import sys
 from ..decoding.request import check_window
 from .common import FLAGS, end_at_once, load, print_batch, progress, sampling_parser
 
-NAMES = dict(FLAGS, prompts="the prompt")  # the request's fields as the messages name them
+PROMPT_NAMES = dict(FLAGS, prompts="the prompt")  # the request's fields as the messages name them
 
 
 def prompts():
@@ -54,7 +54,7 @@ def main(argv=None, prog="tfgpt2 interactive"):
     for number, prompt in prompts():
         context = enc.encode(prompt)
         try:
-            check_window(len(context), length, n_ctx, context_keep=args.context_keep, names=NAMES)
+            check_window(len(context), length, n_ctx, context_keep=args.context_keep, names=PROMPT_NAMES)
         except ValueError as e:
             print(f"error: line {number}: {e}", file=sys.stderr)
             continue

@@ -21,7 +21,7 @@ MAX_LOGPROBS = 5   # OpenAI's limit for completions (`decoding.slots.TOP_LOGPROB
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
           "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "user", "best_of",
           "suffix", "top_k", "min_p", "repetition_penalty", "context_keep"}
-NAMES = {"prompts": "prompt", "length": "max_tokens"}  # the request rules' fields as this API names them
+API_NAMES = {"prompts": "prompt", "length": "max_tokens"}  # the request rules' fields as this API names them
 
 
 class RequestError(Exception):
@@ -101,8 +101,8 @@ def _check(prompts, get, hparams):
     try:
         return check_request(
             prompts, get("max_tokens", 16), n_vocab=hparams.n_vocab, n_ctx=hparams.n_ctx,
-            context_keep=get("context_keep"), names=NAMES, temperature=get("temperature", 1.0), top_k=get("top_k", 0),
-            top_p=get("top_p", 1.0), min_p=get("min_p", 0.0), seed=get("seed"),
+            context_keep=get("context_keep"), names=API_NAMES, temperature=get("temperature", 1.0),
+            top_k=get("top_k", 0), top_p=get("top_p", 1.0), min_p=get("min_p", 0.0), seed=get("seed"),
             repetition_penalty=get("repetition_penalty", 1.0), presence_penalty=get("presence_penalty", 0.0),
             frequency_penalty=get("frequency_penalty", 0.0), logit_bias=_bias(get("logit_bias", {})))
     except ValueError as e:
