@@ -73,13 +73,10 @@ def one_line_exit(argv):
     return message
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--length", "61"], "error: --length 61: the prompt has 4 tokens and the model's n_ctx is 64, "
-                         "so --length can be at most 60"),
-    (["--length", "100"], "error: --length 100: the prompt has 4 tokens and the model's n_ctx is 64, "
-                          "so --length can be at most 60"),
-    (["--prompt", "word" + " word" * 69],
-     "error: --prompt: the prompt has 70 tokens, more than the model's n_ctx of 64"),
+@pytest.mark.parametrize("args, message", [  # the request rules' messages (decoding/request.py)
+    (["--length", "62"], "error: --prompt of 4 tokens + --length 62 - 1 exceeds the context window n_ctx=64"),
+    (["--length", "100"], "error: --prompt of 4 tokens + --length 100 - 1 exceeds the context window n_ctx=64"),
+    (["--prompt", "word" + " word" * 69], "error: --prompt of 70 tokens exceeds the context window n_ctx=64"),
     (["--prompt", ""], "error: --prompt: the prompt has no tokens; give at least one"),
 ])
 def test_tool_rejects_a_prompt_that_does_not_fit(tiny_dir, fake_src, args, message):

@@ -249,7 +249,8 @@ def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
         assert code == 0, err
     assert max_difference(weights(tmp_path / "run"), one_device) <= TOLERANCE
     assert sorted(os.listdir(tmp_path / "run")) == sorted(
-        ["checkpoint", "counter", "encoder.json", "hparams.json", "vocab.bpe", f"model-{STEPS}.index",
+        [".lock", "base_model.json", "checkpoint", "counter", "encoder.json", "hparams.json", "vocab.bpe",
+         f"model-{STEPS}.index",
          f"model-{STEPS}.data-00000-of-00001", f"optimizer-{STEPS}.index", f"optimizer-{STEPS}.data-00000-of-00001"]
         + [f for f in os.listdir(tmp_path / "run") if f.startswith("events.")])
 
