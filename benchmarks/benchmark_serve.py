@@ -57,10 +57,11 @@ def workload(n, prompt, new, seed=0):
 
 
 def warm_up(prompt, new):
-    """Requests that reach every prefill chunk and attention window the workload can: the shortest
-    and longest prompts and two between, each with the most new tokens."""
-    lengths = sorted({prompt[0], (prompt[0] + prompt[1]) // 2, 3 * prompt[1] // 4, prompt[1]})
-    return [(list(range(1000, 1000 + n)), new[1], 100 + i) for i, n in enumerate(lengths)]
+    """Requests, to be sent one at a time, that compile every program the workload can need: a
+    prompt of every length a multiple of 8 apart (every prefill chunk size is one), and the
+    shortest and longest with the most new tokens (every attention window)."""
+    lengths = sorted({prompt[0], prompt[1], *range(prompt[0] + 8 - prompt[0] % 8, prompt[1], 8)})
+    return [(list(range(1000, 1000 + n)), new[1] if n in prompt else 2, 100 + i) for i, n in enumerate(lengths)]
 
 
 def body(request, stream=True):
@@ -129,7 +130,7 @@ async def drive(url, requests, clients):
 
 def passes(url, requests, clients, runs, prompt, new):
     """A warm-up, then `runs` timed passes: per pass {tokens_per_s, ttft_p50_s, ttft_p99_s}."""
-    asyncio.run(drive(url, warm_up(prompt, new), clients))
+    asyncio.run(drive(url, warm_up(prompt, new), 1))
     out = []
     for _ in range(runs):
         wall, results = asyncio.run(drive(url, requests, clients))

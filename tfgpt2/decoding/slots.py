@@ -47,8 +47,10 @@ class Slots:
         self.bias = tf.Variable(tf.zeros([max_batch, hp.n_vocab]), trainable=False)
         self.counts = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.int32), trainable=False)
         self.seen = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.bool), trainable=False)
-        # on a CPU, the block weights copied as [nf, nx] multiply a few rows on every core (`layouts`)
-        self.layouts = (layouts.transposed(model) if cpus_only() and layouts.usable(model) else None)
+        # on a CPU, the block weights multiplied on every core at a few rows (`layouts`), as
+        # `generator.weights_for` picks them: at one slot without a copy
+        self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
+                        layouts.split(model) if max_batch == 1 else layouts.transposed(model))
         self.programs = {}
 
     def program(self, name, *specs, **static):

@@ -13,10 +13,11 @@ import traceback
 
 import numpy as np
 
+from ..decoding.buckets import bucket
 from ..decoding.slots import FLOATS, INTS, Slots
 
-MIN_CHUNK = 16  # the shortest prefill chunk (chunks are powers of two up to `chunk`)
-MIN_WINDOW = 32  # the shortest attention window (windows are powers of two up to n_ctx)
+MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
+MIN_WINDOW = 32  # the shortest attention window (windows are length buckets up to n_ctx)
 
 
 class QueueFull(Exception):
@@ -170,7 +171,7 @@ class Scheduler:
     def _prefill(self, sequence):
         """The next chunk of the sequence's context (its last token is fed by `_decode`)."""
         start, end = sequence.prefilled, len(sequence.context) - 1
-        size = min(self.chunk, power_of_two(end - start, MIN_CHUNK))
+        size = min(self.chunk, bucket(end - start, minimum=MIN_CHUNK))
         piece = sequence.context[start:min(end, start + size)]
         tokens = np.zeros(size, np.int32)
         tokens[:len(piece)] = piece
@@ -222,15 +223,7 @@ class Scheduler:
             sequence.sink([], None, "error")
 
 
-def power_of_two(n, low):
-    """The smallest power of two >= n and >= low."""
-    size = low
-    while size < n:
-        size *= 2
-    return size
-
-
 def window(positions, n_ctx):
-    """The attention window (a compile bucket) for `positions` positions: a power of two from
-    MIN_WINDOW, at most n_ctx."""
-    return min(power_of_two(positions, MIN_WINDOW), n_ctx)
+    """The attention window (a compile bucket) for `positions` positions: a length bucket
+    (`buckets.bucket`: 32, 48, 64, 96, ...), at most n_ctx."""
+    return min(bucket(positions, minimum=MIN_WINDOW), n_ctx)
