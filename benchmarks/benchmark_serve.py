@@ -4,8 +4,6 @@ and against the SavedModel's `generate` signature called from as many threads, i
 
     tfgpt2 make-checkpoint 124M          # a model folder (random weights run at the same speed)
     python benchmarks/benchmark_serve.py --model_dir models/124M
-    python benchmarks/benchmark_serve.py --model_dir models/124M --clients 64 --max_batch 64 \\
-        --requests 512 --decode_steps 8 --candidates concurrent --name serve-gpu     # on a GPU
 
 One set of `--requests` completions (prompts of `--prompt` tokens, `--new` new tokens, drawn at
 random within those ranges; temperature 1, each its own seed, <|endoftext|> banned so that every
@@ -19,12 +17,18 @@ request makes exactly its tokens) is sent:
   SavedModel exported here (batch 1; TF runs the calls concurrently).
 
 Each server and the SavedModel run in a child process of their own; every candidate first runs a
-warm-up (compiling its programs), then `--runs` timed passes. Per pass: tokens/s (new tokens of
-all requests over the pass's wall time), and for the servers the time to first token (the first
-streamed chunk) at the median and 99th percentile over the requests. Then the concurrent server
-answers `--rss_requests` tiny requests and its resident set is read before and after (growth
-would show a leak). The report (benchmarks/report.py) goes to `--report DIR` as `--name`.json
-and .md (default serve).
+warm-up (compiling its programs), then `--runs` timed passes; the two servers run at once and
+their passes alternate, so that a change in the machine's load falls on both. Per pass: tokens/s
+(new tokens of all requests over the pass's wall time), and for the servers the time to first
+token (the first streamed chunk) at the median and 99th percentile over the requests. Then the
+concurrent server answers `--rss_requests` tiny requests and its resident set is read before
+and after (growth would show a leak). The report (benchmarks/report.py) goes to `--report DIR`
+as `--name`.json and .md (default serve).
+
+On a GPU (add `--tf32` to let float32 products use TF32 there):
+
+    python benchmarks/benchmark_serve.py --model_dir models/124M --clients 64 --max_batch 64 \
+        --requests 256 --decode_steps 8 --candidates concurrent sequential --rss_requests 0 --name serve-gpu
 """
 import argparse
 import asyncio
@@ -85,7 +89,7 @@ def start_server(args, max_batch):
     command = [sys.executable, "-m", "tfgpt2.cli.main", "serve", "--model_dir", args.model_dir, "--port", str(port),
                "--served_model_name", "bench", "--max_batch", str(max_batch), "--max_queue", str(args.requests + 64),
                "--prefill_chunk", str(args.prefill_chunk), "--decode_steps", str(args.decode_steps), "--dtype",
-               args.dtype, "--quiet"]
+               args.dtype, "--quiet"] + ["--tf32"] * args.tf32
     child = subprocess.Popen(command, cwd=report.ROOT, env=dict(os.environ, PYTHONPATH=report.ROOT))
     url = f"http://127.0.0.1:{port}"
     while child.poll() is None:
@@ -128,16 +132,35 @@ async def drive(url, requests, clients):
     return time.perf_counter() - start, results
 
 
-def passes(url, requests, clients, runs, prompt, new):
-    """A warm-up, then `runs` timed passes: per pass {tokens_per_s, ttft_p50_s, ttft_p99_s}."""
-    asyncio.run(drive(url, warm_up(prompt, new), 1))
-    out = []
-    for _ in range(runs):
-        wall, results = asyncio.run(drive(url, requests, clients))
-        firsts = [f for f, _ in results]
-        out.append({"tokens_per_s": sum(n for _, n in results) / wall, "ttft_p50_s": float(np.percentile(firsts, 50)),
-                    "ttft_p99_s": float(np.percentile(firsts, 99))})
-    return out
+def one_pass(url, requests, clients):
+    """The requests by `clients` clients: {tokens_per_s, ttft_p50_s, ttft_p99_s}."""
+    wall, results = asyncio.run(drive(url, requests, clients))
+    firsts = [f for f, _ in results]
+    return {"tokens_per_s": sum(n for _, n in results) / wall, "ttft_p50_s": float(np.percentile(firsts, 50)),
+            "ttft_p99_s": float(np.percentile(firsts, 99))}
+
+
+def servers(args, requests):
+    """The server candidates' passes, {name: [per pass]}, and the concurrent server's resident
+    set before and after the tiny requests, with the servers' exit statuses. Both servers run at
+    once (each warmed up first), and their passes alternate, so that a change in the machine's
+    load falls on both."""
+    names = [name for name in args.candidates if name != "saved_model"]
+    running = {}
+    try:
+        for name in names:
+            running[name] = start_server(args, args.max_batch if name == "concurrent" else 1)
+            asyncio.run(drive(running[name][1], warm_up(args.prompt, args.new), 1))
+        results = {name: [] for name in names}
+        for _ in range(args.runs):
+            for name in names:
+                results[name].append(one_pass(running[name][1], requests, args.clients if name == "concurrent" else 1))
+        memory = None
+        if "concurrent" in running and args.rss_requests:
+            memory = rss_growth(running["concurrent"][1], running["concurrent"][0].pid, args.rss_requests, args.clients)
+    finally:
+        statuses = [stop_server(child) for child, _ in running.values()]
+    return results, memory, statuses
 
 
 def rss_mb(pid):
@@ -162,7 +185,7 @@ def saved_model_worker(args):
     from tfgpt2.formats.saved_model import export_saved_model
     path = os.path.join(args.export_dir, "1")
     if not os.path.isdir(path):
-        export_saved_model(args.model_dir, args.export_dir, dtype=args.dtype)
+        export_saved_model(args.model_dir, args.export_dir, dtype=args.dtype, tf32=args.tf32)
     generate = tf.saved_model.load(path).signatures["generate"]
 
     def call(request):
@@ -208,7 +231,7 @@ def saved_model(args):
 def sys_args(args):
     return ["--model_dir", args.model_dir, "--requests", str(args.requests), "--clients", str(args.clients),
             "--runs", str(args.runs), "--dtype", args.dtype, "--prompt", *map(str, args.prompt),
-            "--new", *map(str, args.new)]
+            "--new", *map(str, args.new)] + ["--tf32"] * args.tf32
 
 
 # ---- the driver ---------------------------------------------------------------------------
@@ -260,6 +283,7 @@ def main(argv=None):
     parser.add_argument("--prefill_chunk", type=int, default=64, help="the servers' --prefill_chunk")
     parser.add_argument("--decode_steps", type=int, default=1, help="the servers' --decode_steps (8 on a GPU)")
     parser.add_argument("--dtype", default="float32", help="the model's Keras dtype policy")
+    parser.add_argument("--tf32", action="store_true", help="float32 products in TF32 where the GPU has it")
     parser.add_argument("--rss_requests", type=int, default=2000, help="tiny requests for the memory check (0: none)")
     report.add_arguments(parser, "serve")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -268,34 +292,26 @@ def main(argv=None):
     if args.worker:
         return saved_model_worker(args)
     requests = workload(args.requests, args.prompt, args.new)
-    results, memory, statuses = {}, None, []
-    for name in args.candidates:
-        print(f"measuring {name} ...", file=sys.stderr, flush=True)
-        if name == "saved_model":
-            results[name] = saved_model(args)
-            continue
-        child, url = start_server(args, args.max_batch if name == "concurrent" else 1)
-        try:
-            clients = args.clients if name == "concurrent" else 1
-            results[name] = passes(url, requests, clients, args.runs, args.prompt, args.new)
-            if name == "concurrent" and args.rss_requests:
-                memory = rss_growth(url, child.pid, args.rss_requests, args.clients)
-        finally:
-            statuses.append(stop_server(child))
+    print("measuring the servers ...", file=sys.stderr, flush=True)
+    results, memory, statuses = servers(args, requests)
+    if "saved_model" in args.candidates:
+        print("measuring the SavedModel ...", file=sys.stderr, flush=True)
+        results["saved_model"] = saved_model(args)
     rows = rows_of(results, args)
     notes = [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
              f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned; tokens/s: new "
              f"tokens over the pass's wall time; first token: the first streamed chunk of each request. "
-             f"Median (range) over {args.runs} passes after a warm-up. Servers: --prefill_chunk "
-             f"{args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}; each server and the SavedModel "
-             f"in a process of its own; clients over HTTP on the same machine."]
+             f"Median (range) over {args.runs} passes after a warm-up; the two servers' passes alternate. Servers: "
+             f"--prefill_chunk {args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}"
+             f"{' (TF32 products)' if args.tf32 else ''}; each server and "
+             f"the SavedModel in a process of its own; clients over HTTP on the same machine."]
     if memory:
         notes.append(f"Memory: the concurrent server's resident set was {memory[0]:,.0f} MB after 200 tiny requests "
                      f"and {memory[1]:,.0f} MB after {args.rss_requests} more ({memory[1] - memory[0]:+,.0f} MB).")
     if any(statuses):
         notes.append(f"A server did not drain cleanly on SIGTERM: exit statuses {statuses}.")
     settings = {k: getattr(args, k) for k in ("model_dir", "candidates", "clients", "max_batch", "requests", "prompt",
-                                              "new", "runs", "prefill_chunk", "decode_steps", "dtype",
+                                              "new", "runs", "prefill_chunk", "decode_steps", "dtype", "tf32",
                                               "rss_requests")}
     settings["rss_mb"] = memory
     report.publish(args, "Serving under load", [report.table(COLUMNS, rows)], tool=__file__, argv=argv,

@@ -1,6 +1,7 @@
 """benchmarks/report.py, benchmarks/collect.py, and the tools' reports: each tool runs on a tiny
 model and writes a JSON report and a Markdown section that shows the same figures. Nothing here
 depends on how fast this machine is."""
+import argparse
 import json
 import os
 import re
@@ -306,3 +307,26 @@ def test_beam_report_rows_are_rates_and_ratios_of_the_runs():
     assert by_engine[local]["rows_per_s"] == report.spread([8.0, 4.0, 2.0])
     assert by_engine[beam]["seconds"] == report.spread([40.0, 80.0, 20.0])
     assert by_engine[local]["vs_local"] == 1 and by_engine[beam]["vs_local"] == pytest.approx(2.0 / 4.0)
+
+
+def test_serve_benchmark_workload_warm_up_and_ratios():
+    """benchmark_serve: the requests keep to their ranges and repeat for a seed; the warm-up has
+    a prompt of every chunk size (multiples of 8) and the longest requests; the headline is the
+    ratio of the medians in the run."""
+    from benchmarks import benchmark_serve as bench
+    requests = bench.workload(50, (8, 64), (16, 128))
+    assert requests == bench.workload(50, (8, 64), (16, 128))
+    assert all(8 <= len(ids) <= 64 and 16 <= new <= 128 and max(ids) < bench.EOT for ids, new, _ in requests)
+    warm = bench.warm_up((8, 64), (16, 128))
+    assert [len(ids) for ids, _, _ in warm] == [8, 16, 24, 32, 40, 48, 56, 64]
+    assert [new for _, new, _ in warm if new != 2] == [128, 128]
+    args = argparse.Namespace(clients=16, max_batch=16)
+    passes = {"concurrent": [{"tokens_per_s": 90.0, "ttft_p50_s": 0.3, "ttft_p99_s": 2.0},
+                             {"tokens_per_s": 110.0, "ttft_p50_s": 0.5, "ttft_p99_s": 3.0}],
+              "sequential": [{"tokens_per_s": 24.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3},
+                             {"tokens_per_s": 26.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}],
+              "saved_model": [{"tokens_per_s": 40.0}, {"tokens_per_s": 50.0}]}
+    rows = {r["candidate"]: r for r in bench.rows_of(passes, args)}
+    assert rows["concurrent"]["vs_sequential"] == pytest.approx(100 / 25) and rows["sequential"]["slots"] == 1
+    assert bench.headlines(list(rows.values()), args)[0]["figure"] == (
+        "100 tokens/s, 4.0x one after another, 2.2x the SavedModel; first token p50 0.40 s, p99 2.50 s")

@@ -363,6 +363,16 @@ def test_past_n_ctx_with_context_keep_slides(client):
     assert token_ids(slid.choices[0].logprobs) == first + rest and slid.usage.completion_tokens == 80
 
 
+@pytest.mark.slow
+def test_programs_are_compiled_per_bucket_not_per_request(server, client):
+    """Requests of other prompt lengths, token counts and sampling values within buckets the
+    server has run compile nothing more."""
+    before = metric(server[0], "tfgpt2_compiled_programs")
+    for n, extra in [(3, {}), (5, dict(temperature=0.3, top_p=0.5)), (9, dict(logprobs=2, presence_penalty=1.0))]:
+        client.completions.create(model="tiny", prompt=list(range(100, 100 + n)), max_tokens=n, **extra)
+    assert metric(server[0], "tfgpt2_compiled_programs") == before > 0
+
+
 BUSY = dict(model="tiny", prompt=[1], n=16, max_tokens=31, stream=True, logit_bias={str(ENCODER.eot_token): -100})
 
 

@@ -30,7 +30,7 @@ RETRY_AFTER = 1  # seconds a client told 429 waits
 class Metrics:
     """The server's Prometheus metrics, in a registry of its own: requests by status, prompt
     tokens and time to first token counted here; tokens generated, queue depth, running
-    completions and batch occupancy read from the scheduler at each scrape."""
+    completions, batch occupancy and compiled programs read from the scheduler at each scrape."""
 
     def __init__(self, scheduler):
         self.registry = r = CollectorRegistry()
@@ -48,7 +48,9 @@ class Metrics:
                                   value=s.generated)
         for name, text, value in [("queue_depth", "Completions waiting for a slot", s.queued),
                                   ("running", "Completions in a slot", s.occupied),
-                                  ("batch_occupancy", "Share of the slots in use", s.occupied / s.max_batch)]:
+                                  ("batch_occupancy", "Share of the slots in use", s.occupied / s.max_batch),
+                                  ("compiled_programs", "Programs compiled (one per shape bucket)",
+                                   len(s.slots.programs))]:
             yield GaugeMetricFamily("tfgpt2_" + name, text, value=value)
 
 
