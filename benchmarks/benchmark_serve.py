@@ -107,37 +107,48 @@ def stop_server(child):
     return child.wait(timeout=600)
 
 
-async def one(client, url, request):
-    """A streamed completion: (seconds to the first chunk, new tokens)."""
-    start, first = time.perf_counter(), None
+async def one(client, url, request, t0):
+    """A streamed completion: (start, first chunk, end) in seconds since t0, and its new tokens."""
+    start, first = time.perf_counter() - t0, None
     async with client.stream("POST", url + "/v1/completions", json=body(request)) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if line.startswith("data: {") and first is None:
-                first = time.perf_counter() - start
-    return first, request[1]
+                first = time.perf_counter() - t0
+    return start, first, time.perf_counter() - t0, request[1]
 
 
 async def drive(url, requests, clients):
-    """The requests by `clients` clients at once: (wall seconds, [(first chunk s, tokens)])."""
+    """The requests by `clients` clients at once, each taking the next when its last is done:
+    (wall seconds, [(start, first chunk, end, tokens)])."""
     import httpx
     queue, results = list(reversed(requests)), []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
+        t0 = time.perf_counter()
+
         async def worker():
             while queue:
-                results.append(await one(client, url, queue.pop()))
-        start = time.perf_counter()
+                results.append(await one(client, url, queue.pop(), t0))
         await asyncio.gather(*(worker() for _ in range(clients)))
-    return time.perf_counter() - start, results
+    return time.perf_counter() - t0, results
+
+
+def figures(wall, records):
+    """A pass's figures from its requests' (start, end, tokens): tokens/s over the pass, and
+    while every client was busy (until the last request started; each request's tokens counted
+    as spread evenly over its time), which leaves out the tail where fewer clients remain."""
+    busy = max(start for start, _, _ in records)
+    during = sum(n * max(0.0, min(end, busy) - start) / (end - start) for start, end, n in records)
+    return {"tokens_per_s": sum(n for _, _, n in records) / wall, "busy_tokens_per_s": during / busy if busy else None}
 
 
 def one_pass(url, requests, clients):
-    """The requests by `clients` clients: {tokens_per_s, ttft_p50_s, ttft_p99_s}."""
+    """The requests by `clients` clients: `figures` and the time to first token (p50, p99)."""
     wall, results = asyncio.run(drive(url, requests, clients))
-    firsts = [f for f, _ in results]
-    return {"tokens_per_s": sum(n for _, n in results) / wall, "ttft_p50_s": float(np.percentile(firsts, 50)),
-            "ttft_p99_s": float(np.percentile(firsts, 99))}
+    firsts = [first - start for start, first, _, _ in results]
+    return dict(figures(wall, [(start, end, n) for start, _, end, n in results]),
+                ttft_p50_s=float(np.percentile(firsts, 50)), ttft_p99_s=float(np.percentile(firsts, 99)))
 
 
 def servers(args, requests):
@@ -189,12 +200,13 @@ def saved_model_worker(args):
     generate = tf.saved_model.load(path).signatures["generate"]
 
     def call(request):
+        """The seconds of one request."""
         ids, new, seed = request
-        ids = tf.constant([ids], tf.int32)
+        start, ids = time.perf_counter(), tf.constant([ids], tf.int32)
         generate(input_ids=ids, attention_mask=tf.ones_like(ids), max_new_tokens=tf.constant(new),
                  temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(1.0),
                  seed=tf.constant(seed, tf.int64))["output_ids"].numpy()
-        return new
+        return time.perf_counter() - start
 
     def run(requests):
         queue, done, lock = list(reversed(requests)), [], threading.Lock()
@@ -205,17 +217,18 @@ def saved_model_worker(args):
                     if not queue:
                         return
                     request = queue.pop()
-                done.append(call(request))
+                start = time.perf_counter() - t0
+                done.append((start, start + call(request), request[1]))
         threads = [threading.Thread(target=worker) for _ in range(args.clients)]
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return sum(done) / (time.perf_counter() - start)
+        return figures(time.perf_counter() - t0, done)
     requests = workload(args.requests, args.prompt, args.new)
     run(requests)  # the warm-up: every shape of the workload compiles
-    print(json.dumps([{"tokens_per_s": run(requests)} for _ in range(args.runs)]))
+    print(json.dumps([run(requests) for _ in range(args.runs)]))
 
 
 def saved_model(args):
@@ -237,36 +250,47 @@ def sys_args(args):
 # ---- the driver ---------------------------------------------------------------------------
 
 COLUMNS = [report.column("candidate", "candidate"), report.column("clients", "clients"),
-           report.column("slots", "slots"), report.column("tokens_per_s", "tokens/s", ".1f"),
-           report.column("vs_sequential", "tokens/s vs sequential", ".2f"),
-           report.column("ttft_p50_s", "first token p50 s", ".2f"), report.column("ttft_p99_s", "first token p99 s", ".2f")]
+           report.column("slots", "slots"), report.column("busy_tokens_per_s", "tokens/s, all clients busy", ".1f"),
+           report.column("busy_vs_sequential", "vs sequential", ".2f"),
+           report.column("tokens_per_s", "tokens/s, whole pass", ".1f"),
+           report.column("vs_sequential", "vs sequential", ".2f"),
+           report.column("ttft_p50_s", "first token p50 s", ".2f"),
+           report.column("ttft_p99_s", "first token p99 s", ".2f")]
 
 
 def rows_of(results, args):
+    """The report's rows from {candidate: [pass figures]}, each figure's spread over the passes
+    and its medians' ratios to the sequential server's."""
     rows = []
     for name, passes_ in results.items():
         row = {"candidate": name, "clients": 1 if name == "sequential" else args.clients,
                "slots": {"concurrent": args.max_batch, "sequential": 1}.get(name)}
-        row.update({k: report.spread([p[k] for p in passes_]) for k in passes_[0]})
+        row.update({k: report.spread([p[k] for p in passes_]) for k in passes_[0] if passes_[0][k] is not None})
         rows.append(row)
-    base = next((r for r in rows if r["candidate"] == "sequential"), None)
+    base = next((r for r in rows if r["candidate"] == "sequential"), {})
     for row in rows:
-        if base:
-            row["vs_sequential"] = row["tokens_per_s"]["median"] / base["tokens_per_s"]["median"]
+        for key in ("tokens_per_s", "busy_tokens_per_s"):
+            if key in row and key in base:
+                row[key.replace("tokens_per_s", "vs_sequential")] = row[key]["median"] / base[key]["median"]
     return rows
 
 
 def headlines(rows, args):
+    """The concurrent server's tokens/s while its clients are all busy and over whole passes, as
+    ratios to the sequential server's and the SavedModel's, and its times to first token."""
     by = {r["candidate"]: r for r in rows}
     if "concurrent" not in by:
         return []
-    c = by["concurrent"]
-    figure = f"{c['tokens_per_s']['median']:,.0f} tokens/s"
-    if "vs_sequential" in c:
-        figure += f", {c['vs_sequential']:.1f}x one after another"
-    if "saved_model" in by:
-        figure += f", {c['tokens_per_s']['median'] / by['saved_model']['tokens_per_s']['median']:.1f}x the SavedModel"
-    figure += f"; first token p50 {c['ttft_p50_s']['median']:.2f} s, p99 {c['ttft_p99_s']['median']:.2f} s"
+    c, saved = by["concurrent"], by.get("saved_model", {})
+    parts = []
+    for key, what in (("busy_tokens_per_s", "with all clients busy"), ("tokens_per_s", "over whole passes")):
+        if key in c:
+            vs = key.replace("tokens_per_s", "vs_sequential")
+            ratios = [f"{c[vs]:.1f}x one after another"] if vs in c else []
+            ratios += [f"{c[key]['median'] / saved[key]['median']:.1f}x the SavedModel"] if key in saved else []
+            parts.append(f"{c[key]['median']:,.0f} tokens/s {what}" + (f" ({', '.join(ratios)})" if ratios else ""))
+    first = c["ttft_p50_s"]["median"], c["ttft_p99_s"]["median"]
+    figure = ", ".join(parts) + f"; first token p50 {first[0]:.2f} s, p99 {first[1]:.2f} s"
     return [{"what": f"tfgpt2 serve, {args.clients} clients, {args.max_batch} slots", "figure": figure}]
 
 
@@ -299,8 +323,10 @@ def main(argv=None):
         results["saved_model"] = saved_model(args)
     rows = rows_of(results, args)
     notes = [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
-             f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned; tokens/s: new "
-             f"tokens over the pass's wall time; first token: the first streamed chunk of each request. "
+             f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned. Tokens/s with all "
+             f"clients busy: until the last request of a pass starts (each request's tokens spread evenly over its "
+             f"time), which leaves out the tail where fewer clients remain; whole pass: all new tokens over the pass's "
+             f"wall time. First token: the first streamed chunk of each request. "
              f"Median (range) over {args.runs} passes after a warm-up; the two servers' passes alternate. Servers: "
              f"--prefill_chunk {args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}"
              f"{' (TF32 products)' if args.tf32 else ''}; each server and "

@@ -321,12 +321,23 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
     assert [len(ids) for ids, _, _ in warm] == [8, 16, 24, 32, 40, 48, 56, 64]
     assert [new for _, new, _ in warm if new != 2] == [128, 128]
     args = argparse.Namespace(clients=16, max_batch=16)
-    passes = {"concurrent": [{"tokens_per_s": 90.0, "ttft_p50_s": 0.3, "ttft_p99_s": 2.0},
-                             {"tokens_per_s": 110.0, "ttft_p50_s": 0.5, "ttft_p99_s": 3.0}],
-              "sequential": [{"tokens_per_s": 24.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3},
-                             {"tokens_per_s": 26.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}],
-              "saved_model": [{"tokens_per_s": 40.0}, {"tokens_per_s": 50.0}]}
+    passes = {"concurrent": [{"tokens_per_s": 90.0, "busy_tokens_per_s": 120.0, "ttft_p50_s": 0.3, "ttft_p99_s": 2.0},
+                             {"tokens_per_s": 110.0, "busy_tokens_per_s": 140.0, "ttft_p50_s": 0.5, "ttft_p99_s": 3.0}],
+              "sequential": [{"tokens_per_s": 24.0, "busy_tokens_per_s": 25.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3},
+                             {"tokens_per_s": 26.0, "busy_tokens_per_s": 27.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}],
+              "saved_model": [{"tokens_per_s": 40.0, "busy_tokens_per_s": 52.0},
+                              {"tokens_per_s": 50.0, "busy_tokens_per_s": 52.0}]}
     rows = {r["candidate"]: r for r in bench.rows_of(passes, args)}
     assert rows["concurrent"]["vs_sequential"] == pytest.approx(100 / 25) and rows["sequential"]["slots"] == 1
+    assert rows["concurrent"]["busy_vs_sequential"] == pytest.approx(130 / 26)
     assert bench.headlines(list(rows.values()), args)[0]["figure"] == (
-        "100 tokens/s, 4.0x one after another, 2.2x the SavedModel; first token p50 0.40 s, p99 2.50 s")
+        "130 tokens/s with all clients busy (5.0x one after another, 2.5x the SavedModel), 100 tokens/s over whole "
+        "passes (4.0x one after another, 2.2x the SavedModel); first token p50 0.40 s, p99 2.50 s")
+
+
+def test_serve_benchmark_counts_the_tokens_while_every_client_is_busy():
+    """Two clients: one request each from 0 s, the third starts at 2 s (the last start): the
+    tokens until then, each request's spread evenly over its time."""
+    from benchmarks import benchmark_serve as bench
+    got = bench.figures(4.0, [(0.0, 2.0, 10), (0.0, 4.0, 40), (2.0, 4.0, 10)])
+    assert got == {"tokens_per_s": 60 / 4.0, "busy_tokens_per_s": (10 + 40 * 2 / 4) / 2.0}
