@@ -300,7 +300,7 @@ def main(argv=None):
     parser.add_argument("--candidates", nargs="+", default=CANDIDATES, choices=CANDIDATES)
     parser.add_argument("--clients", type=int, default=16, help="clients at once (and SavedModel threads)")
     parser.add_argument("--max_batch", type=int, default=16, help="the concurrent server's slots")
-    parser.add_argument("--requests", type=int, default=32, help="requests per pass")
+    parser.add_argument("--requests", type=int, default=64, help="requests per pass")
     parser.add_argument("--prompt", type=int, nargs=2, default=[8, 64], metavar=("MIN", "MAX"), help="prompt tokens")
     parser.add_argument("--new", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"), help="new tokens")
     parser.add_argument("--runs", type=int, default=2, help="timed passes per candidate")
