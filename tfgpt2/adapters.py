@@ -68,7 +68,11 @@ class Conv1DAdapters:
             raise ValueError(f"{self.name}: a layer with LoRA adapters cannot be quantized; merge them first "
                              "(save the run's merged model-<step> and load it)")
         w, scale = keras.quantizers.abs_max_quantize(self.w.numpy(), axis=1, to_numpy=True)
-        del self.w
+        # Keras' `del self.w` runs a full gc.collect() (for other backends' device buffers): one
+        # per layer, seconds each in a process holding much; TensorFlow frees the variable as
+        # its last reference goes
+        self._untrack_variable(self.w)
+        super(keras.layers.Layer, self).__delattr__("w")
         self.quantized_build(None, mode)
         self.w.assign(w)
         self.w_scale.assign(np.reshape(scale, [self.nf]))
