@@ -6,7 +6,7 @@ Model folders are written once per test worker (the 124M-shaped one once per run
 weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits. The
 124M-shaped model is loaded once per worker (`gpt2_124m`) for the tests that only read it, and
 OpenAI's code on the tiny and the 124M folders started once per worker (`reference_tiny`,
-`reference_124m`; the tests that need the 124M one share a file, so one worker starts it).
+`reference_124m`; test_model.py and test_train.py need the 124M one, a process of about 1 GB).
 XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
 by workers and children. On a GPU, the workers share it (TF_FORCE_GPU_ALLOW_GROWTH); tests
 marked `gpu` need one and skip, saying so, where TensorFlow sees none.
@@ -14,6 +14,7 @@ marked `gpu` need one and skip, saying so, where TensorFlow sees none.
 import atexit
 import collections
 import fcntl
+import gc
 import os
 import shutil
 import signal
@@ -65,6 +66,22 @@ def pytest_collection_modifyitems(items):
     if gpu and not gpu_visible():
         for item in gpu:
             item.add_marker(pytest.mark.skip(reason="needs a GPU; TensorFlow sees none here"))
+
+
+_frozen_at = []  # the test file whose start last froze the heap
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """At each test file's start (the last file's fixtures torn down) the objects still alive
+    (TensorFlow's, Keras', the session's fixtures: hundreds of thousands) are moved out of the
+    cyclic garbage collector's reach: every full collection walked them all again, a second
+    or more late in a worker (Keras runs one per `del` of a layer's variable), and a test of a
+    late file could spend 16 s in them. Garbage is still found among the objects made after."""
+    if _frozen_at != [item.path]:
+        _frozen_at[:] = [item.path]
+        gc.collect()
+        gc.freeze()
 
 
 def gpu_visible():
