@@ -36,10 +36,10 @@ def micro_dir(tmp_path_factory):
     return make_checkpoint(str(tmp_path_factory.mktemp("models") / "micro"), hparams, std=0.3, seed=2)
 
 
-@pytest.fixture(scope="module")
-def ref(tiny_dir):
-    with Reference(require_reference(), tiny_dir) as r:
-        yield r
+@pytest.fixture
+def ref(reference_tiny):
+    """OpenAI's code on `tiny_dir`: the worker's one reference process (conftest), not one more."""
+    return reference_tiny
 
 
 def ids_npz(path, *chunks):
@@ -143,9 +143,8 @@ def test_sgd_step_is_minus_the_reference_gradient(tiny_dir, tmp_path, ref):
     _check_sgd_step(tiny_dir, tmp_path, ref)
 
 
-def test_sgd_step_is_minus_the_reference_gradient_124m(gpt2_124m_dir, tmp_path):
-    with Reference(require_reference(), gpt2_124m_dir) as ref:
-        _check_sgd_step(gpt2_124m_dir, tmp_path, ref)
+def test_sgd_step_is_minus_the_reference_gradient_124m(gpt2_124m_dir, tmp_path, reference_124m):
+    _check_sgd_step(gpt2_124m_dir, tmp_path, reference_124m)
 
 
 def test_adam_is_tf1_adam_and_the_run_folder_restores_in_the_reference(tiny_dir, tmp_path, ref):
