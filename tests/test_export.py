@@ -410,15 +410,22 @@ def test_saved_model_cli_show_and_run(exported, tiny, tmp_path):
                           env=env, timeout=300)
     assert show.returncode == 0, show.stderr[-2000:]
     assert "signature_def['generate']" in show.stdout and "signature_def['serving_default']" in show.stdout
+    # the rows of "greedy" (left padding in row 0), a shape whose programs XLA's cache holds
+    prompts = [[5, 6, 7], *EQUAL[1:]]
+    input_ids, mask = left_pad(prompts, 6)
     run = subprocess.run([SAVED_MODEL_CLI, "run", "--dir", exported, "--tag_set", "serve",
                           "--signature_def", "generate", "--outdir", str(tmp_path), "--input_exprs",
-                          "input_ids=[[0, 0, 5, 6, 7]];attention_mask=[[0, 0, 1, 1, 1]];max_new_tokens=10;"
+                          f"input_ids={input_ids.tolist()};attention_mask={mask.tolist()};max_new_tokens=10;"
                           "temperature=1.0;top_k=1;top_p=1.0;seed=0"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     output_ids = np.load(tmp_path / "output_ids.npy")
-    np.testing.assert_array_equal(output_ids[0, 2:], generate(tiny, [[5, 6, 7]], 10, top_k=1)[0])
-    np.testing.assert_array_equal(np.load(tmp_path / "lengths.npy"), [10])
+    assert output_ids[0, :3].tolist() == [0, 0, 0]
+    for row, (ours, theirs) in enumerate(zip(new_rows(dict(output_ids=output_ids, lengths=[10] * 3),
+                                                      dict(input_ids=input_ids, attention_mask=mask)),
+                                             generate(tiny, prompts, 10, top_k=1))):
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"row {row}")
+    np.testing.assert_array_equal(np.load(tmp_path / "lengths.npy"), [10] * 3)
 
 
 FUZZ = """
