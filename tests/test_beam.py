@@ -1,7 +1,7 @@
 """`tfgpt2 generate-batch --engine beam` (tfgpt2/bulk/beam.py, handlers.py) on the tiny model:
-two pipelines in all, each on the DirectRunner with two worker processes (each imports
-TensorFlow and compiles), one through the model folder's handler and one through the
-SavedModel's in workers that cannot import tfgpt2."""
+two pipelines in all, each on the DirectRunner in worker processes (each imports TensorFlow
+and compiles): one through the model folder's handler in two, one through the SavedModel's in
+one that cannot import tfgpt2."""
 import ast
 import glob
 import json
@@ -61,10 +61,10 @@ def shards(output):
     return {r["line"]: r for r in rows}
 
 
-def run(tiny_dir, source, output, *flags):
+def run(tiny_dir, source, output, *flags, runner=RUNNER):
     return generate_batch.main(["--engine", "beam", "--model_dir", tiny_dir, "--input", source, "--output", str(output),
                                 "--length", "8",
-                                "--temperature", "0", "--batch_size", "2", "--quiet", *flags, *RUNNER])
+                                "--temperature", "0", "--batch_size", "2", "--quiet", *flags, *runner])
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +123,9 @@ def test_an_output_with_an_earlier_runs_files_or_a_folder_is_refused(tiny_dir, s
 @slow
 def test_the_saved_model_gives_the_same_rows_with_tensorflow_alone(tiny_dir, source, folder_rows, tmp_path,
                                                                     monkeypatch):
-    """The SavedModel's handler, in workers where `import tfgpt2` raises (a package of that
-    name first on their path): the rows of the model folder's handler, every one."""
+    """The SavedModel's handler, in a worker process where `import tfgpt2` raises (a package of
+    that name first on its path): the rows of the model folder's handler, every one. One worker
+    (one TensorFlow start-up and compile): the folder's run spreads the lines over two."""
     from tfgpt2.formats.saved_model import export_saved_model
     saved = export_saved_model(tiny_dir, str(tmp_path / "export"))
     trap = tmp_path / "trap" / "tfgpt2"
@@ -135,7 +136,9 @@ def test_the_saved_model_gives_the_same_rows_with_tensorflow_alone(tiny_dir, sou
     tried = subprocess.run([sys.executable, "-c", "import tfgpt2"], capture_output=True, text=True)
     assert "tfgpt2 imported in a Beam worker" in tried.stderr  # the trap holds for the workers' interpreter
     output = tmp_path / "rows"
-    assert run(tiny_dir, source[0], output, "--saved_model", saved, "--skip_bad") == 0
+    one_worker = ["--", "--runner", "DirectRunner", "--direct_num_workers", "1", "--direct_running_mode",
+                  "multi_processing"]
+    assert run(tiny_dir, source[0], output, "--saved_model", saved, "--skip_bad", runner=one_worker) == 0
     assert shards(output) == folder_rows[0]
 
 
