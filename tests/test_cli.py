@@ -331,12 +331,14 @@ def test_ctrl_c_ends_a_command_with_status_130_in_one_line(command, tiny_dir, tm
 def test_generate_says_a_batch_that_does_not_fit_in_memory(tiny_dir, tmp_path):
     """`generate --batch_size 100000`: 20 GB for the tiny model's logits alone. The
     child's address space is capped (8 GiB) so that the allocation fails at once wherever the
-    test runs: one line saying so, and no banner of a sample that never comes."""
+    test runs: one line saying so, and no banner of a sample that never comes. Without oneDNN,
+    TensorFlow's plain CPU allocator: oneDNN's pool waits 10 s for memory to be freed before it
+    raises the same ResourceExhaustedError."""
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
     child = subprocess.run([sys.executable, "-m", "tfgpt2_cli", "generate", "--model_dir", tiny_dir, "--batch_size",
                             "100000", "--nsamples", "1", "--length", "8", "--quiet"], cwd=tmp_path,
-                           env=dict(cli_env(), CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=300,
+                           env=dict(cli_env(), CUDA_VISIBLE_DEVICES="", TF_ENABLE_ONEDNN_OPTS="0"), capture_output=True, text=True, timeout=300,
                            preexec_fn=cap)
     assert child.returncode == 1 and child.stdout == ""
     assert child.stderr == ("error: out of memory generating --batch_size 100000 samples of 8 tokens at once: "
