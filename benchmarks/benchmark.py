@@ -77,8 +77,13 @@ def tfgpt2_runner(args, jit_compile, controls=None):
 
 
 def reference_runner(args):
-    from tfgpt2.testing.reference import Reference
-    ref = Reference(args.reference_src, args.model_dir)
+    # the module by its path (the standard library and NumPy): `import tfgpt2` would bring
+    # TensorFlow 2 and Keras into this process only to start the reference's own
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("reference", os.path.join(ROOT, "tfgpt2", "testing", "reference.py"))
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    ref = reference.Reference(args.reference_src, args.model_dir)
 
     def run(context, length, repeats):
         # each call builds a graph and restores the checkpoint; only its sess.run calls are timed
