@@ -136,16 +136,13 @@ def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
     assert not out.exists()
 
 
-def test_two_workers_give_the_rows_of_one_process(tiny_dir, tmp_path, sampled, capfd, monkeypatch):
-    """The parent here (it loads no model: one TensorFlow start-up fewer than a child parent;
-    test_killed_run_resumed... starts the command's module), its two workers child processes."""
+def test_two_workers_give_the_rows_of_one_process(tiny_dir, tmp_path, sampled):
     src, args, full = sampled
     out = tmp_path / "out.jsonl"
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the workers import tfgpt2 from this checkout
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-    assert generate_batch.main([*flags(tiny_dir, src, out, *args), "--workers", "2"]) == 0
-    err = capfd.readouterr().err
-    assert "worker 0/2:" in err and "worker 1/2:" in err, err
+    done = subprocess.run([sys.executable, "-m", "tfgpt2.generate_batch", *flags(tiny_dir, src, out, *args),
+                           "--workers", "2"], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "worker 0/2:" in done.stderr and "worker 1/2:" in done.stderr
     assert rows(out) == full
 
 
