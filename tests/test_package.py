@@ -174,9 +174,9 @@ def list_models_then_drain(port):  # `tfgpt2 serve`: once it answers, ended as S
 results = []
 for kind, step, cwd in json.load(open(sys.argv[1])):
     os.chdir(cwd)
-    if step.startswith("tfgpt2 serve "):
-        threading.Thread(target=list_models_then_drain, args=(re.search("--port ([0-9]+)", step).group(1),),
-                         daemon=True).start()
+    port = re.search("^tfgpt2 serve .*--port ([0-9]+)", step)  # the server itself, not its --help
+    if port:
+        threading.Thread(target=list_models_then_drain, args=(port.group(1),), daemon=True).start()
     text = None
     if step.startswith("echo "):
         echoed, step = step.split(" | ", 1)
