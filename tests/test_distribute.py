@@ -1,9 +1,9 @@
 """Fine-tuning under tf.distribute (`tfgpt2/train/distribute.py`, `python -m tfgpt2.train --strategy`)
 on the tiny model (2 layers, n_embd 64) with windows of 17 tokens.
 
-Each test compares the weights after STEPS updates with those of one device on the same
-global batches. The optimizer is SGD, whose update is linear in the gradient, so the weights
-differ only by float32 rounding of the gradient sums: max abs difference 2.1e-6 (mirrored) and
+Each test compares the weights after a few updates (STEPS; the two workers', killed and
+resumed, as many as they made) with those of one device on the same global batches. The
+optimizer is SGD, whose update is linear in the gradient, so the weights differ only by float32 rounding of the gradient sums: max abs difference 2.1e-6 (mirrored) and
 2.5e-6 (two workers) measured, against weight changes up to 0.36; TOLERANCE is 2e-5. Adam
 would divide near-zero gradient components by their own magnitude and turn that rounding
 into differences up to its learning rate: the Adam runs (test_train's micro model) check the
@@ -70,8 +70,10 @@ def flags(tiny_dir, corpus, checkpoint_dir, *extra, steps=STEPS):
             "--optimizer", "sgd", "--learning_rate", "0.5", "--print_every", "1", *extra]
 
 
-def weights(run_dir):
-    return {v.path: v.numpy() for v in load_model(str(run_dir)).weights}
+def weights(run_dir, step=None):
+    """The run folder's weights: its latest checkpoint's, or `step`'s."""
+    checkpoint = str(run_dir / f"model-{step}") if step else None
+    return {v.path: v.numpy() for v in load_model(str(run_dir), checkpoint=checkpoint).weights}
 
 
 def max_difference(a, b):
@@ -80,12 +82,16 @@ def max_difference(a, b):
 
 @pytest.fixture(scope="module")
 def one_device(tiny_dir, corpus, tmp_path_factory):
-    """The weights after STEPS updates on one device (in this process)."""
+    """at(step): the weights after `step` updates on one device (in this process), from the run's
+    checkpoint of that step; it keeps every step's, and goes on as far as asked."""
     checkpoints = tmp_path_factory.mktemp("one")
-    loop.train(parse_config(flags(tiny_dir, corpus, checkpoints)))
-    trained = weights(checkpoints / "run")
-    assert max_difference(trained, weights(tiny_dir)) > 1e-3  # the steps changed the weights
-    return trained
+
+    def at(step):
+        if not (checkpoints / "run" / f"model-{step}.index").exists():
+            loop.train(parse_config(flags(tiny_dir, corpus, checkpoints, "--max_checkpoints", "1000", steps=step)))
+        return weights(checkpoints / "run", step)
+    assert max_difference(at(STEPS), weights(tiny_dir)) > 1e-3  # the steps changed the weights
+    return at
 
 
 def free_ports(n):
@@ -149,7 +155,7 @@ def mirrored(tiny_dir, micro_dir, corpus, tmp_path_factory):
 def test_mirrored_over_two_logical_cpus_equals_one_device(mirrored, one_device):
     folder, history = mirrored["sgd"]
     assert [step for step, _ in history] == list(range(1, STEPS + 1))
-    assert max_difference(weights(folder / "run"), one_device) <= TOLERANCE
+    assert max_difference(weights(folder / "run"), one_device(STEPS)) <= TOLERANCE
 
 
 def test_a_global_batch_that_does_not_divide_over_the_replicas_is_refused(mirrored):
@@ -243,39 +249,57 @@ def test_check_batch_and_chief():
     assert worker("chief", 0, ("chief", "worker")) and not worker("worker", 0, ("chief", "worker"))
 
 
-def test_two_workers_equal_one_process(tiny_dir, corpus, tmp_path, one_device):
-    results = finish(start_workers(flags(tiny_dir, corpus, tmp_path)))
-    for code, _, err in results:
-        assert code == 0, err
-    assert max_difference(weights(tmp_path / "run"), one_device) <= TOLERANCE
-    assert sorted(os.listdir(tmp_path / "run")) == sorted(
-        [".lock", "base_model.json", "checkpoint", "counter", "encoder.json", "hparams.json", "vocab.bpe",
-         f"model-{STEPS}.index",
-         f"model-{STEPS}.data-00000-of-00001", f"optimizer-{STEPS}.index", f"optimizer-{STEPS}.data-00000-of-00001"]
-        + [f for f in os.listdir(tmp_path / "run") if f.startswith("events.")])
-
-
-def test_killing_a_worker_stops_the_run_with_its_checkpoint_intact_and_resume_works(
-        tiny_dir, corpus, tmp_path, one_device):
-    """The chief notices the dead worker: it exits 1 with the checkpoint to resume from (a chief
-    that hung would run into `finish`'s timeout, one that went on would exit 0 at step 1000)."""
-    run_dir = tmp_path / "run"
-    children = start_workers(flags(tiny_dir, corpus, tmp_path, steps=1000))
+@pytest.fixture(scope="module")
+def killed_and_resumed(tiny_dir, corpus, tmp_path_factory):
+    """Two workers run towards step 1000 until, once the chief has saved a checkpoint, the other
+    is killed; then the same command with --steps 2 past the step left resumes in the same run
+    folder (one multi-worker run, from step 0 to there, for both tests below): the exit codes and
+    outputs of both, and the step, checkpoints and weights the kill left."""
+    tmp = tmp_path_factory.mktemp("workers")
+    run_dir = tmp / "run"
+    children = start_workers(flags(tiny_dir, corpus, tmp, steps=1000))
     while not (run_dir / "counter").exists() and children[0].poll() is None:
         time.sleep(0.1)
     children[1].send_signal(signal.SIGKILL)
-    (code, _, err), (killed, _, _) = finish(children, timeout=200)
+    killed = finish(children, timeout=200)
+    assert (run_dir / "counter").exists(), killed[0][2]
+    step = int((run_dir / "counter").read_text())
+    left = SimpleNamespace(step=step, checkpoints=run_folder.checkpoint_steps(str(run_dir)),
+                           weights=weights(run_dir))  # complete, and loads
+    resumed = finish(start_workers(flags(tiny_dir, corpus, tmp, steps=step + 2)))
+    return SimpleNamespace(run_dir=run_dir, killed=killed, left=left, resumed=resumed)
+
+
+def test_two_workers_equal_one_process(killed_and_resumed, one_device):
+    """The weights of the two workers' run (resumed once) at its last step equal one device's at
+    that step."""
+    run_dir, last = killed_and_resumed.run_dir, killed_and_resumed.left.step + 2
+    for code, _, err in killed_and_resumed.resumed:
+        assert code == 0, err
+    assert max_difference(weights(run_dir), one_device(last)) <= TOLERANCE
+    assert sorted(os.listdir(run_dir)) == sorted(
+        [".lock", "base_model.json", "checkpoint", "counter", "encoder.json", "hparams.json", "vocab.bpe",
+         f"model-{last}.index",
+         f"model-{last}.data-00000-of-00001", f"optimizer-{last}.index", f"optimizer-{last}.data-00000-of-00001"]
+        + [f for f in os.listdir(run_dir) if f.startswith("events.")])
+
+
+def test_killing_a_worker_stops_the_run_with_its_checkpoint_intact_and_resume_works(killed_and_resumed,
+                                                                                      one_device):
+    """The chief notices the dead worker: it exits 1 with the checkpoint to resume from (a chief
+    that hung would run into `finish`'s timeout, one that went on would exit 0 at step 1000),
+    which holds one device's weights of that step."""
+    run_dir, left = killed_and_resumed.run_dir, killed_and_resumed.left
+    (code, _, err), (killed, _, _) = killed_and_resumed.killed
     assert killed == -signal.SIGKILL
     assert code == 1, err
     lines = err.strip().splitlines()
-    step = int((run_dir / "counter").read_text())
     assert lines[-2].startswith("error: training stopped: "), err
-    assert lines[-1] == (f"The last complete checkpoint is {run_dir}/model-{step}; run the same command "
+    assert lines[-1] == (f"The last complete checkpoint is {run_dir}/model-{left.step}; run the same command "
                          "again (on every worker) to resume from it.")
-    assert run_folder.checkpoint_steps(str(run_dir)) == [step]
-    load_model(str(run_dir))  # complete, and loads
+    assert left.checkpoints == [left.step]
+    assert max_difference(left.weights, one_device(left.step)) <= TOLERANCE
 
-    results = finish(start_workers(flags(tiny_dir, corpus, tmp_path, steps=step + 2)))
-    for code, _, err in results:
+    for code, _, err in killed_and_resumed.resumed:
         assert code == 0, err
-    assert int((run_dir / "counter").read_text()) == step + 2
+    assert int((run_dir / "counter").read_text()) == left.step + 2
