@@ -3,11 +3,12 @@ on the tiny model (2 layers, n_embd 64) with windows of 17 tokens.
 
 Each test compares the weights after a few updates (STEPS; the two workers', killed and
 resumed, as many as they made) with those of one device on the same global batches. The
-optimizer is SGD, whose update is linear in the gradient, so the weights differ only by float32 rounding of the gradient sums: max abs difference 2.1e-6 (mirrored) and
-2.5e-6 (two workers) measured, against weight changes up to 0.36; TOLERANCE is 2e-5. Adam
-would divide near-zero gradient components by their own magnitude and turn that rounding
-into differences up to its learning rate: the Adam runs (test_train's micro model) check the
-keys' bias, whose gradient is such rounding, by the size of its move.
+optimizer is SGD, whose update is linear in the gradient, so the weights differ only by float32
+rounding of the gradient sums: max abs difference 2.1e-6 (mirrored) and 2.5e-6 (two workers)
+measured, against weight changes up to 0.36; TOLERANCE is 2e-5. Adam would divide near-zero
+gradient components by their own magnitude and turn that rounding into differences up to its
+learning rate: the Adam runs (test_train's micro model) check the keys' bias, whose gradient is
+such rounding, by the size of its move.
 """
 import json
 import os
