@@ -12,7 +12,8 @@ test_remat.py).
 - remat: the bytes XLA allocates for a compiled Adam step on 1 x n_ctx tokens (its own buffer
   assignment, with the memory-minimizing scheduler), without and with `remat`.
 
-Each figure is the median (and range) of `--runs` fresh processes. The shapes: load, 124M's
+Each figure is the median (and range) of `--runs` fresh processes (a peak's, processes of its
+own; XLA's bytes, its own count of each compile, one set of processes for both). The shapes: load, 124M's
 (random weights written to a temporary folder, or `--model_dir`); accumulate, 2 blocks of
 width 256 on windows of 33 tokens (the gradients, mostly `wte`'s, dominate); remat, 6 blocks
 of width 64 on 512 tokens (the activations dominate); `--hparams` sets one shape for all.
@@ -72,9 +73,13 @@ print(status("VmHWM"), sum(int(np.prod(v.shape)) * 4 for v in model.trainable_va
 """
 REMAT = STEP + """
 import glob, os, re
-step(1, hparams.n_ctx, remat=sys.argv[2] == "remat")
-reports = glob.glob(os.path.join(sys.argv[3], "*memory-usage-report.txt"))
-print(max(int(re.search(r"Total bytes used: (\\d+)", open(f).read()).group(1)) for f in reports))
+found, seen = [], set()
+for remat in (False, True):  # each step compiles afresh: its reports are those written since the last
+    step(1, hparams.n_ctx, remat=remat)
+    reports = set(glob.glob(os.path.join(sys.argv[2], "*memory-usage-report.txt"))) - seen
+    found.append(max(int(re.search(r"Total bytes used: (\\d+)", open(f).read()).group(1)) for f in reports))
+    seen |= reports
+print(*found)
 """
 
 
@@ -104,17 +109,15 @@ def measure_accumulate(hparams, runs):
 
 
 def measure_remat(hparams, runs):
-    """(XLA's MB runs without remat, with it, ratio per run)."""
-    found = {}
-    for mode in ("plain", "remat"):
-        found[mode] = []
-        for _ in range(runs):
-            with tempfile.TemporaryDirectory() as dump:
-                flags = f"--xla_cpu_enable_concurrency_optimized_scheduler=false --xla_dump_to={dump} " \
-                        "--xla_dump_hlo_pass_re=NONE"
-                found[mode] += child(REMAT, json.dumps(hparams), mode, dump, env=dict(XLA_FLAGS=flags, TF_XLA_FLAGS=""))
-    return [b / 1e6 for b in found["plain"]], [b / 1e6 for b in found["remat"]], \
-        [r / p for p, r in zip(found["plain"], found["remat"])]
+    """(XLA's MB runs without remat, with it, ratio per run): XLA counts each compile's buffers
+    alone, so one process per run compiles both steps."""
+    found = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as dump:
+            flags = f"--xla_cpu_enable_concurrency_optimized_scheduler=false --xla_dump_to={dump} " \
+                    "--xla_dump_hlo_pass_re=NONE"
+            found.append(child(REMAT, json.dumps(hparams), dump, env=dict(XLA_FLAGS=flags, TF_XLA_FLAGS="")))
+    return [p / 1e6 for p, _ in found], [r / 1e6 for _, r in found], [r / p for p, r in found]
 
 
 def rows(load, accumulate, remat):

@@ -279,7 +279,7 @@ def test_export_report(tiny_dir, tmp_path):
                                                       / paths[0]["ms_per_token"]["median"])
 
 
-@pytest.mark.slow  # six TensorFlow processes
+@pytest.mark.slow  # five TensorFlow processes
 def test_memory_report(tiny_dir, tmp_path):
     """The figures the tests leave to a report: each measured in fresh processes, each ratio
     that of its own figures (with one run, exactly)."""
