@@ -27,9 +27,10 @@ another's work:
   `--hf_python`: eager decode (`generate`), with `--hf_compile` also a static cache and
   `torch.compile`; training in float32 and under bfloat16 autocast (Adam, fused); and the
   measured device-to-device copy rate, which gives the floor: the weights' bytes over that rate
-  is the least time a decode step can take at batch 1;
-- serve (with `--serve`): `benchmarks/benchmark_serve.py` on the GPU, `--serve_streams`
-  concurrent streams.
+  is the least time a decode step can take at batch 1.
+
+`tfgpt2 serve` on the GPU is measured by `benchmarks/benchmark_serve.py` (its help gives the
+GPU command), a report of its own.
 
 The report (benchmarks/report.py) goes to `--report DIR` as `--name`.json and .md (default
 gpu-check). Where TensorFlow sees no GPU it says so and exits 0 without checking anything.
