@@ -66,11 +66,13 @@ class Slots:
         """Slot `slot` for a sequence whose prompt is `prompt` (token ids): its bias row `bias`
         [n_vocab] (numpy), no tokens counted, its prompt's tokens seen."""
         n_ctx = self.model.hparams.n_ctx
+        prompt = prompt[-n_ctx:]
         padded = np.zeros(n_ctx, np.int32)
-        padded[n_ctx - len(prompt[-n_ctx:]):] = prompt[-n_ctx:]
-        where = np.array([slot, n_ctx - len(prompt[-n_ctx:])], np.int32)
-        self.program("admit", spec([2], tf.int32), spec([n_ctx], tf.int32), spec(bias.shape, tf.float32))(
-            tf.constant(where), tf.constant(padded), tf.constant(bias))
+        padded[n_ctx - len(prompt):] = prompt
+        where = np.array([slot, n_ctx - len(prompt)], np.int32)
+        run = self.program("admit", tf.TensorSpec([2], tf.int32), tf.TensorSpec([n_ctx], tf.int32),
+                           tf.TensorSpec(bias.shape, tf.float32))
+        run(tf.constant(where), tf.constant(padded), tf.constant(bias))
 
     def prefill(self, tokens, slot, start, window, targets=None):
         """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
@@ -78,7 +80,8 @@ class Slots:
         how likely each was (`log_probabilities`: [C], [C, N], [C, N], numpy), for the
         log-probabilities of a prompt."""
         score = targets is not None
-        specs = [spec([1, len(tokens)], tf.int32), spec([2], tf.int32)] + [spec([len(tokens)], tf.int32)] * score
+        specs = ([tf.TensorSpec([1, len(tokens)], tf.int32), tf.TensorSpec([2], tf.int32)]
+                 + [tf.TensorSpec([len(tokens)], tf.int32)] * score)
         args = [tokens[None], [slot, start]] + [targets] * score
         out = self.program("prefill", *specs, window=window)(*(tf.constant(a, tf.int32) for a in args))
         return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy()) if score else None
@@ -86,8 +89,8 @@ class Slots:
     def decode(self, ints, floats, seed, window):
         """Up to `steps` new tokens per slot (`_decode`), from numpy arrays: `ints` [len(INTS), B]
         int32, `floats` [len(FLOATS), B] float32, `seed` [B] int64. Returns numpy arrays."""
-        run = self.program("decode", spec(ints.shape, tf.int32), spec(floats.shape, tf.float32),
-                           spec(seed.shape, tf.int64), window=window)
+        run = self.program("decode", tf.TensorSpec(ints.shape, tf.int32), tf.TensorSpec(floats.shape, tf.float32),
+                           tf.TensorSpec(seed.shape, tf.int64), window=window)
         tokens, count, logprob, (ids, top) = run(tf.constant(ints), tf.constant(floats), tf.constant(seed))
         wanted = ints[INTS.index("logprobs")].any()
         return (tokens.numpy(), count.numpy(),
@@ -161,10 +164,6 @@ class Slots:
         for variables, values in zip(self.cache, cache):
             for variable, value in zip(variables, values):
                 variable.assign(value)
-
-
-def spec(shape, dtype):
-    return tf.TensorSpec(shape, dtype)
 
 
 def log_probabilities(logits, token):
