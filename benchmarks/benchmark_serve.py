@@ -17,8 +17,8 @@ request makes exactly its tokens) is sent:
   SavedModel exported here (batch 1; TF runs the calls concurrently).
 
 Each server and the SavedModel run in a child process of their own; every candidate first runs a
-warm-up (compiling its programs), then `--runs` timed passes; the two servers run at once and
-their passes alternate, so that a change in the machine's load falls on both. Per pass: tokens/s
+warm-up (compiling its programs: the concurrent server's at every step width too), then
+`--runs` timed passes; the two servers run at once and their passes alternate, so that a change in the machine's load falls on both. Per pass: tokens/s
 (new tokens of all requests over the pass's wall time), and for the servers the time to first
 token (the first streamed chunk) at the median and 99th percentile over the requests. Then the
 concurrent server answers `--rss_requests` tiny requests and its resident set is read before
@@ -66,6 +66,15 @@ def warm_up(prompt, new):
     shortest and longest with the most new tokens (every attention window)."""
     lengths = sorted({prompt[0], prompt[1], *range(prompt[0] + 8 - prompt[0] % 8, prompt[1], 8)})
     return [(list(range(1000, 1000 + n)), new[1] if n in prompt else 2, 100 + i) for i, n in enumerate(lengths)]
+
+
+def warm_up_widths(prompt, new, max_batch):
+    """Groups of requests, each to be sent at once, that compile the decode step at every width
+    above one (`tfgpt2.serve.scheduler.width`: 2, 4, ... max_batch) and every attention window:
+    that many of the shortest prompt with the most new tokens."""
+    from tfgpt2.serve.scheduler import width
+    widths = sorted({width(n, max_batch) for n in range(2, max_batch + 1)})
+    return [[(list(range(1000, 1000 + prompt[0])), new[1], 200 + i) for i in range(w)] for w in widths]
 
 
 def body(request, stream=True):
@@ -162,6 +171,8 @@ def servers(args, requests):
         for name in names:
             running[name] = start_server(args, args.max_batch if name == "concurrent" else 1)
             asyncio.run(drive(running[name][1], warm_up(args.prompt, args.new), 1))
+            for group in warm_up_widths(args.prompt, args.new, args.max_batch) if name == "concurrent" else []:
+                asyncio.run(drive(running[name][1], group, len(group)))
         results = {name: [] for name in names}
         for _ in range(args.runs):
             for name in names:

@@ -320,6 +320,10 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
     warm = bench.warm_up((8, 64), (16, 128))
     assert [len(ids) for ids, _, _ in warm] == [8, 16, 24, 32, 40, 48, 56, 64]
     assert [new for _, new, _ in warm if new != 2] == [128, 128]
+    for max_batch, widths in [(16, [2, 4, 8, 16]), (6, [2, 4, 6]), (1, [])]:
+        groups = bench.warm_up_widths((8, 64), (16, 128), max_batch)
+        assert [len(g) for g in groups] == widths
+        assert {(len(ids), new) for g in groups for ids, new, _ in g} <= {(8, 128)}
     args = argparse.Namespace(clients=16, max_batch=16)
     passes = {"concurrent": [{"tokens_per_s": 90.0, "busy_tokens_per_s": 120.0, "ttft_p50_s": 0.3, "ttft_p99_s": 2.0},
                              {"tokens_per_s": 110.0, "busy_tokens_per_s": 140.0, "ttft_p50_s": 0.5, "ttft_p99_s": 3.0}],

@@ -205,6 +205,39 @@ def test_sixteen_concurrent_clients_each_get_their_answer_alone(client, tiny):
     assert answers == expected
 
 
+def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
+    """The scheduler alone (no server): one sequence decodes one slot wide, whatever
+    --max_batch; three at once (slots 0 to 2), four; each sequence's tokens are `generate`'s
+    for its prompt alone, at every width."""
+    from tfgpt2.sample import choose, generate
+    from tfgpt2.serve.scheduler import Scheduler, Sequence, width
+    assert [width(n, 16) for n in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16] and width(5, 6) == 6
+    scheduler = Scheduler(tiny, choose, max_batch=8, max_queue=8, chunk=16, eot=ENCODER.eot_token)
+    greedy = dict(temperature=0.0, top_p=1.0, min_p=0.0, repetition=1.0, presence=0.0, frequency=0.0, top_k=0)
+
+    def run(prompts):
+        done = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
+        ended = [concurrent.futures.Future() for _ in prompts]
+        sequences = [Sequence(p, NEW, greedy, lambda tokens, logprobs, end, f=f: end and f.set_result(end))
+                     for p, f in zip(prompts, ended)]
+        scheduler.submit(sequences)
+        concurrent.futures.wait(ended, timeout=120)
+        scheduler.close()
+        done.result(timeout=60)
+        scheduler.closed = False
+        for p, s in zip(prompts, sequences):
+            expected = generate(tiny, [p], NEW, temperature=0, stop_at_eot=True)[0][len(p):].tolist()
+            if ENCODER.eot_token in expected:  # the sequence ends with it
+                expected = expected[:expected.index(ENCODER.eot_token) + 1]
+            assert s.generated == expected, p
+        return {key[1][0][0][1] for key in scheduler.slots.programs if key[0] == "decode"}  # ints [len(INTS), B]
+
+    prompts = [ENCODER.encode(p) for p in PROMPTS[:3]]
+    assert run(prompts[:1]) == {1}
+    # the first ready alone, then two while the third is prefilled (a chunk a step), then 4, not 8
+    assert run(prompts) == {1, 2, 4}
+
+
 @pytest.mark.slow
 def test_a_seeded_request_repeats_whatever_runs_beside_it(client):
     """The same seeded request alone and beside others with other controls (top-k, top-p,

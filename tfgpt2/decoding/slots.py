@@ -9,11 +9,12 @@ compiled once per shape bucket, never per request:
 - `admit(slot, prompt, bias)`: a sequence takes a slot: its bias row, zero counts and, for the
   repetition penalty, the tokens of its prompt (`controls.start_state`);
 - `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache;
-- `decode(ints, floats, seed, window)`: up to `steps` new tokens for every slot, each fed at
-  its own position, the logits adjusted (`controls.adjusted`), then picked by `choose` with
-  its row's temperature, top-k, top-p, min-p and seed, the k-th draw of a sequence from
-  (seed, k) as `tfgpt2.generate` draws it, so that a sequence's tokens never depend on what
-  shares the batch.
+- `decode(ints, floats, seed, window)`: up to `steps` new tokens for each of the first B slots
+  (B the arrays' width, a program per width: a few sequences pay for their own rows, not for
+  `max_batch`), each fed at its own position, the logits adjusted (`controls.adjusted`), then
+  picked by `choose` with its row's temperature, top-k, top-p, min-p and seed, the k-th draw
+  of a sequence from (seed, k) as `tfgpt2.generate` draws it, so that a sequence's tokens never
+  depend on what shares the batch.
 
 A host (`tfgpt2.serve.scheduler`) decides what runs; nothing here checks its inputs.
 """
@@ -87,8 +88,9 @@ class Slots:
         return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy()) if score else None
 
     def decode(self, ints, floats, seed, window):
-        """Up to `steps` new tokens per slot (`_decode`), from numpy arrays: `ints` [len(INTS), B]
-        int32, `floats` [len(FLOATS), B] float32, `seed` [B] int64. Returns numpy arrays."""
+        """Up to `steps` new tokens for each of the first B slots (`_decode`), from numpy arrays:
+        `ints` [len(INTS), B] int32, `floats` [len(FLOATS), B] float32, `seed` [B] int64 (B <=
+        max_batch). Returns numpy arrays."""
         run = self.program("decode", tf.TensorSpec(ints.shape, tf.int32), tf.TensorSpec(floats.shape, tf.float32),
                            tf.TensorSpec(seed.shape, tf.int64), window=window)
         tokens, count, logprob, (ids, top) = run(tf.constant(ints), tf.constant(floats), tf.constant(seed))
@@ -119,23 +121,25 @@ class Slots:
         TOP_LOGPROBS most likely ids and theirs [B, steps, N] (zeros unless a row asked). `biased`
         rows have a logit bias."""
         row = dict(zip(INTS, tf.unstack(ints)), **dict(zip(FLOATS, tf.unstack(floats))))
-        batch, budget = self.max_batch, row["budget"]
-        controls = dict(bias=self.bias.value(), repetition=row["repetition"], presence=row["presence"],
+        batch, budget = ints.shape[1], row["budget"]  # the first `batch` slots
+        # the whole cache goes through the loop (updated in place); rows gathers what they read
+        rows = None if batch == self.max_batch else tf.range(batch)
+        controls = dict(bias=self.bias.value()[:batch], repetition=row["repetition"], presence=row["presence"],
                         frequency=row["frequency"])
         used = tf.reduce_any((row["biased"] > 0) | (row["repetition"] != 1) | (row["presence"] != 0)
                              | (row["frequency"] != 0))  # else the controls leave the logits as they are
         zeros = tf.zeros([batch, self.steps], tf.float32)
         start = dict(j=tf.constant(0), token=row["token"], position=row["position"], alive=budget > 0,
-                     count=tf.zeros_like(budget), cache=self._read(), counts=self.counts.value(),
+                     count=tf.zeros_like(budget), cache=self._read(), counts=self.counts.value()[:batch],
                      tokens=tf.zeros([batch, self.steps], tf.int32), logprob=zeros,
                      top=(tf.zeros([batch, self.steps, TOP_LOGPROBS], tf.int32),
                           tf.zeros([batch, self.steps, TOP_LOGPROBS])))
 
         def body(s):
             at = tf.where(s["alive"], s["position"], self.length - 1)  # a stopped row writes past its window
-            logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
+            logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window, slot=rows,
                                             layouts=self.layouts)
-            state = dict(counts=s["counts"], seen=self.seen)
+            state = dict(counts=s["counts"], seen=self.seen[:batch])
             adjusted = tf.cond(used, lambda: control.adjusted(logits, controls, state), lambda: logits)
             new = self.choose(adjusted, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
                               seed=tf.stack([seed, tf.cast(row["drawn"] + s["count"], tf.int64)], axis=1),
@@ -154,7 +158,7 @@ class Slots:
 
         s = tf.while_loop(lambda s: tf.reduce_any(s["alive"]), body, (start,), maximum_iterations=self.steps)[0]
         self._store(s["cache"])
-        self.counts.assign(s["counts"])
+        self.counts[:batch].assign(s["counts"])
         return s["tokens"], s["count"], s["logprob"], s["top"]
 
     def _read(self):

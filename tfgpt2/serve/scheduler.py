@@ -2,6 +2,7 @@
 are prefilled a chunk at a time (one chunk between decode steps, so running streams keep
 flowing), then join the running batch at the next step; each leaves on its token budget,
 end-of-text, a stop string (its consumer says so) or a cancel, and its slot is reused at once.
+A decode step runs the slots up to the highest in use (`width`), not all `max_batch`.
 
 One engine thread runs every TensorFlow program (`Scheduler.run`); the rest of the process only
 queues and cancels sequences (thread-safe) and hears from them through their `sink`.
@@ -187,14 +188,15 @@ class Scheduler:
     def _decode(self, steps):
         """Up to `steps` new tokens for each sequence that is ready, handed to its sink."""
         ready = [s for s in self.running if s is not None and not s.prefilling]
-        ints = dict(zip(INTS, np.zeros([len(INTS), self.max_batch], np.int32)), top_k=self.top_k)
+        rows = width(max(s.slot for s in ready) + 1, self.max_batch)  # the slots the step runs
+        ints = dict(zip(INTS, np.zeros([len(INTS), rows], np.int32)), top_k=self.top_k[:rows])
         for s in ready:
             ints["token"][s.slot] = s.generated[-1] if s.since_context else s.context[-1]
             ints["position"][s.slot], ints["drawn"][s.slot], ints["logprobs"][s.slot], ints["biased"][s.slot] = (
                 s.position, len(s.generated), s.logprobs, bool(s.bias))
             ints["budget"][s.slot] = min(steps, s.max_tokens - len(s.generated), self.n_ctx - s.position)
         tokens, count, logprobs = self.slots.decode(
-            np.stack([ints[name] for name in INTS]), self.floats, self.seed,
+            np.stack([ints[name] for name in INTS]), self.floats[:, :rows], self.seed[:rows],
             window(int(max(ints["position"] + ints["budget"])), self.n_ctx))
         for s in ready:
             new = tokens[s.slot, :count[s.slot]].tolist()
@@ -227,3 +229,10 @@ def window(positions, n_ctx):
     """The attention window (a compile bucket) for `positions` positions: a length bucket
     (`buckets.bucket`: 32, 48, 64, 96, ...), at most n_ctx."""
     return min(bucket(positions, minimum=MIN_WINDOW), n_ctx)
+
+
+def width(slots, max_batch):
+    """The width of a decode step (a compile bucket) whose sequences sit in the first `slots`
+    slots: a power of two, at most max_batch. A sequence takes the first free slot, so a few
+    sequences run a narrow step (one alone, at the speed of --max_batch 1)."""
+    return min(1 << (slots - 1).bit_length(), max_batch)
