@@ -17,13 +17,13 @@ request makes exactly its tokens) is sent:
   SavedModel exported here (batch 1; TF runs the calls concurrently).
 
 Each server and the SavedModel run in a child process of their own; every candidate first runs a
-warm-up (compiling its programs: the concurrent server's at every step width too), then
-`--runs` timed passes; the two servers run at once and their passes alternate, so that a change in the machine's load falls on both. Per pass: tokens/s
-(new tokens of all requests over the pass's wall time), and for the servers the time to first
-token (the first streamed chunk) at the median and 99th percentile over the requests. Then the
-concurrent server answers `--rss_requests` tiny requests and its resident set is read before
-and after (growth would show a leak). The report (benchmarks/report.py) goes to `--report DIR`
-as `--name`.json and .md (default serve).
+warm-up (compiling its programs: the concurrent server's at every step width too), then `--runs`
+timed passes; the two servers run at once and their passes alternate, so that a change in the
+machine's load falls on both. Per pass: tokens/s (new tokens of all requests over the pass's
+wall time), and for the servers the time to first token (the first streamed chunk) at the median
+and 99th percentile over the requests. Then the concurrent server answers `--rss_requests` tiny
+requests and its resident set is read before and after (growth would show a leak). The report
+(benchmarks/report.py) goes to `--report DIR` as `--name`.json and .md (default serve).
 
 On a GPU (add `--tf32` to let float32 products use TF32 there):
 
