@@ -14,7 +14,9 @@ request makes exactly its tokens) is sent:
 - sequential: one after another to `tfgpt2 serve --max_batch 1` (a batch of one, so its steps
   are no wider than one request needs);
 - saved_model: by `--clients` threads at once, each request to the `generate` signature of a
-  SavedModel exported here (batch 1; TF runs the calls concurrently).
+  SavedModel exported here (batch 1; TF runs the calls concurrently);
+- one_client: one after another to the concurrent server (its `--max_batch` slots): what a
+  client alone gets from a server sized for many.
 
 Each server and the SavedModel run in a child process of their own; every candidate first runs a
 warm-up (compiling its programs: the concurrent server's at every step width too), then `--runs`
@@ -50,7 +52,8 @@ except ImportError:  # run as `python benchmarks/benchmark_serve.py`: this folde
     import report
 
 EOT = 50256
-CANDIDATES = ["concurrent", "sequential", "saved_model"]
+CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client"]
+SERVER = {"concurrent": "concurrent", "one_client": "concurrent", "sequential": "sequential"}  # whose server
 
 
 def workload(n, prompt, new, seed=0):
@@ -165,18 +168,19 @@ def servers(args, requests):
     set before and after the tiny requests, with the servers' exit statuses. Both servers run at
     once (each warmed up first), and their passes alternate, so that a change in the machine's
     load falls on both."""
-    names = [name for name in args.candidates if name != "saved_model"]
+    names = [name for name in args.candidates if name in SERVER]
     running = {}
     try:
-        for name in names:
-            running[name] = start_server(args, args.max_batch if name == "concurrent" else 1)
-            asyncio.run(drive(running[name][1], warm_up(args.prompt, args.new), 1))
-            for group in warm_up_widths(args.prompt, args.new, args.max_batch) if name == "concurrent" else []:
-                asyncio.run(drive(running[name][1], group, len(group)))
+        for server in dict.fromkeys(SERVER[name] for name in names):
+            running[server] = start_server(args, args.max_batch if server == "concurrent" else 1)
+            asyncio.run(drive(running[server][1], warm_up(args.prompt, args.new), 1))
+            for group in warm_up_widths(args.prompt, args.new, args.max_batch) if server == "concurrent" else []:
+                asyncio.run(drive(running[server][1], group, len(group)))
         results = {name: [] for name in names}
         for _ in range(args.runs):
             for name in names:
-                results[name].append(one_pass(running[name][1], requests, args.clients if name == "concurrent" else 1))
+                results[name].append(one_pass(running[SERVER[name]][1], requests,
+                                              args.clients if name == "concurrent" else 1))
         memory = None
         if "concurrent" in running and args.rss_requests:
             memory = rss_growth(running["concurrent"][1], running["concurrent"][0].pid, args.rss_requests, args.clients)
@@ -274,8 +278,8 @@ def rows_of(results, args):
     and its medians' ratios to the sequential server's."""
     rows = []
     for name, passes_ in results.items():
-        row = {"candidate": name, "clients": 1 if name == "sequential" else args.clients,
-               "slots": {"concurrent": args.max_batch, "sequential": 1}.get(name)}
+        row = {"candidate": name, "clients": args.clients if name in ("concurrent", "saved_model") else 1,
+               "slots": {"concurrent": args.max_batch, "sequential": 1}.get(SERVER.get(name))}
         row.update({k: report.spread([p[k] for p in passes_]) for k in passes_[0] if passes_[0][k] is not None})
         rows.append(row)
     base = next((r for r in rows if r["candidate"] == "sequential"), {})
@@ -302,7 +306,12 @@ def headlines(rows, args):
             parts.append(f"{c[key]['median']:,.0f} tokens/s {what}" + (f" ({', '.join(ratios)})" if ratios else ""))
     first = c["ttft_p50_s"]["median"], c["ttft_p99_s"]["median"]
     figure = ", ".join(parts) + f"; first token p50 {first[0]:.2f} s, p99 {first[1]:.2f} s"
-    return [{"what": f"tfgpt2 serve, {args.clients} clients, {args.max_batch} slots", "figure": figure}]
+    found = [{"what": f"tfgpt2 serve, {args.clients} clients, {args.max_batch} slots", "figure": figure}]
+    one = by.get("one_client", {})
+    if "vs_sequential" in one:
+        found.append({"what": f"tfgpt2 serve, 1 client, {args.max_batch} slots", "figure": (
+            f"{one['tokens_per_s']['median']:,.0f} tokens/s, {one['vs_sequential']:.2f}x a 1-slot server")})
+    return found
 
 
 def main(argv=None):
@@ -338,7 +347,8 @@ def main(argv=None):
              f"clients busy: until the last request of a pass starts (each request's tokens spread evenly over its "
              f"time), which leaves out the tail where fewer clients remain; whole pass: all new tokens over the pass's "
              f"wall time. First token: the first streamed chunk of each request. "
-             f"Median (range) over {args.runs} passes after a warm-up; the two servers' passes alternate. Servers: "
+             f"Median (range) over {args.runs} passes after a warm-up; the candidates' passes alternate (one_client's on "
+             f"the concurrent server). Servers: "
              f"--prefill_chunk {args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}"
              f"{' (TF32 products)' if args.tf32 else ''}; each server and "
              f"the SavedModel in a process of its own; clients over HTTP on the same machine."]

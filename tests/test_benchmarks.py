@@ -330,13 +330,18 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
               "sequential": [{"tokens_per_s": 24.0, "busy_tokens_per_s": 25.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3},
                              {"tokens_per_s": 26.0, "busy_tokens_per_s": 27.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}],
               "saved_model": [{"tokens_per_s": 40.0, "busy_tokens_per_s": 52.0},
-                              {"tokens_per_s": 50.0, "busy_tokens_per_s": 52.0}]}
+                              {"tokens_per_s": 50.0, "busy_tokens_per_s": 52.0}],
+              "one_client": [{"tokens_per_s": 24.5, "busy_tokens_per_s": 25.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}]}
     rows = {r["candidate"]: r for r in bench.rows_of(passes, args)}
     assert rows["concurrent"]["vs_sequential"] == pytest.approx(100 / 25) and rows["sequential"]["slots"] == 1
     assert rows["concurrent"]["busy_vs_sequential"] == pytest.approx(130 / 26)
-    assert bench.headlines(list(rows.values()), args)[0]["figure"] == (
-        "130 tokens/s with all clients busy (5.0x one after another, 2.5x the SavedModel), 100 tokens/s over whole "
-        "passes (4.0x one after another, 2.2x the SavedModel); first token p50 0.40 s, p99 2.50 s")
+    assert (rows["one_client"]["clients"], rows["one_client"]["slots"]) == (1, 16)
+    assert rows["one_client"]["vs_sequential"] == pytest.approx(24.5 / 25)
+    assert bench.headlines(list(rows.values()), args) == [
+        {"what": "tfgpt2 serve, 16 clients, 16 slots", "figure": (
+            "130 tokens/s with all clients busy (5.0x one after another, 2.5x the SavedModel), 100 tokens/s over "
+            "whole passes (4.0x one after another, 2.2x the SavedModel); first token p50 0.40 s, p99 2.50 s")},
+        {"what": "tfgpt2 serve, 1 client, 16 slots", "figure": "24 tokens/s, 0.98x a 1-slot server"}]
 
 
 def test_serve_benchmark_counts_the_tokens_while_every_client_is_busy():
