@@ -122,7 +122,7 @@ class Slots:
         rows have a logit bias."""
         row = dict(zip(INTS, tf.unstack(ints)), **dict(zip(FLOATS, tf.unstack(floats))))
         batch, budget = ints.shape[1], row["budget"]  # the first `batch` slots
-        # the whole cache goes through the loop (updated in place); rows gathers what they read
+        # the whole cache goes through the loop (updated in place); the rows read are the first slots'
         rows = None if batch == self.max_batch else tf.range(batch)
         controls = dict(bias=self.bias.value()[:batch], repetition=row["repetition"], presence=row["presence"],
                         frequency=row["frequency"])
