@@ -61,9 +61,9 @@ def padded_positions(tokens, past_length, pad):
 
 def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, every_position=False):
     """X [rows, T] through the blocks over a cache of slots (`empty_cache` of one row per slot):
-    row r's tokens sit at positions start[r], start[r] + 1, ... of its slot (row r's own, or
-    slot[r] with `slot` [rows]), their keys and values written there, and attend to the slot's
-    first `window` positions (a Python int) up to their own. A slot's keys past the position
+    row r's tokens sit at positions start[r], start[r] + 1, ... of its slot (slot r, of the
+    first `rows` slots, or slot[r] with `slot` [rows]), their keys and values written there,
+    and attend to the slot's first `window` positions (a Python int) up to their own. A slot's keys past the position
     being written are never read, so a slot is reused without clearing it.
 
     Returns the logits of the last position [rows, n_vocab] (of every position [rows, T,
@@ -79,7 +79,7 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
         where = tf.stack([tf.repeat(rows, shape_list(new)[1]),
                           tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])], axis=1)
         stored = tf.tensor_scatter_nd_update(old, where, tf.reshape(new, [-1, shape_list(new)[2]]))
-        return stored, (stored if slot is None else tf.gather(stored, rows))[:, :window]
+        return stored, (stored[:shape_list(new)[0]] if slot is None else tf.gather(stored, rows))[:, :window]
     return through_blocks(model, X, positions, mask, cache, write, layouts, every_position=every_position)
 
 

@@ -121,9 +121,8 @@ class Slots:
         TOP_LOGPROBS most likely ids and theirs [B, steps, N] (zeros unless a row asked). `biased`
         rows have a logit bias."""
         row = dict(zip(INTS, tf.unstack(ints)), **dict(zip(FLOATS, tf.unstack(floats))))
-        batch, budget = ints.shape[1], row["budget"]  # the first `batch` slots
-        # the whole cache goes through the loop (updated in place); the rows read are the first slots'
-        rows = None if batch == self.max_batch else tf.range(batch)
+        batch, budget = ints.shape[1], row["budget"]  # the first `batch` slots (the whole cache goes
+        # through the loop, updated in place)
         controls = dict(bias=self.bias.value()[:batch], repetition=row["repetition"], presence=row["presence"],
                         frequency=row["frequency"])
         used = tf.reduce_any((row["biased"] > 0) | (row["repetition"] != 1) | (row["presence"] != 0)
@@ -137,7 +136,7 @@ class Slots:
 
         def body(s):
             at = tf.where(s["alive"], s["position"], self.length - 1)  # a stopped row writes past its window
-            logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window, slot=rows,
+            logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
                                             layouts=self.layouts)
             state = dict(counts=s["counts"], seen=self.seen[:batch])
             adjusted = tf.cond(used, lambda: control.adjusted(logits, controls, state), lambda: logits)
