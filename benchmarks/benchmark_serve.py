@@ -54,6 +54,7 @@ except ImportError:  # run as `python benchmarks/benchmark_serve.py`: this folde
 EOT = 50256
 CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client"]
 SERVER = {"concurrent": "concurrent", "one_client": "concurrent", "sequential": "sequential"}  # whose server
+MANY = ("concurrent", "saved_model")  # the candidates of --clients clients (the others: one)
 
 
 def workload(n, prompt, new, seed=0):
@@ -179,8 +180,7 @@ def servers(args, requests):
         results = {name: [] for name in names}
         for _ in range(args.runs):
             for name in names:
-                results[name].append(one_pass(running[SERVER[name]][1], requests,
-                                              args.clients if name == "concurrent" else 1))
+                results[name].append(one_pass(running[SERVER[name]][1], requests, args.clients if name in MANY else 1))
         memory = None
         if "concurrent" in running and args.rss_requests:
             memory = rss_growth(running["concurrent"][1], running["concurrent"][0].pid, args.rss_requests, args.clients)
@@ -278,7 +278,7 @@ def rows_of(results, args):
     and its medians' ratios to the sequential server's."""
     rows = []
     for name, passes_ in results.items():
-        row = {"candidate": name, "clients": args.clients if name in ("concurrent", "saved_model") else 1,
+        row = {"candidate": name, "clients": args.clients if name in MANY else 1,
                "slots": {"concurrent": args.max_batch, "sequential": 1}.get(SERVER.get(name))}
         row.update({k: report.spread([p[k] for p in passes_]) for k in passes_[0] if passes_[0][k] is not None})
         rows.append(row)

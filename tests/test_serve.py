@@ -216,15 +216,11 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     greedy = dict(temperature=0.0, top_p=1.0, min_p=0.0, repetition=1.0, presence=0.0, frequency=0.0, top_k=0)
 
     def run(prompts):
-        done = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
         ended = [concurrent.futures.Future() for _ in prompts]
         sequences = [Sequence(p, NEW, greedy, lambda tokens, logprobs, end, f=f: end and f.set_result(end))
                      for p, f in zip(prompts, ended)]
         scheduler.submit(sequences)
         concurrent.futures.wait(ended, timeout=120)
-        scheduler.close()
-        done.result(timeout=60)
-        scheduler.closed = False
         for p, s in zip(prompts, sequences):
             expected = generate(tiny, [p], NEW, temperature=0, stop_at_eot=True)[0][len(p):].tolist()
             if ENCODER.eot_token in expected:  # the sequence ends with it
@@ -233,9 +229,14 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
         return {key[1][0][0][1] for key in scheduler.slots.programs if key[0] == "decode"}  # ints [len(INTS), B]
 
     prompts = [ENCODER.encode(p) for p in PROMPTS[:3]]
-    assert run(prompts[:1]) == {1}
-    # the first ready alone, then two while the third is prefilled (a chunk a step), then 4, not 8
-    assert run(prompts) == {1, 2, 4}
+    engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
+    try:
+        assert run(prompts[:1]) == {1}
+        # the first ready alone, then two while the third is prefilled (a chunk a step), then 4, not 8
+        assert run(prompts) == {1, 2, 4}
+    finally:
+        scheduler.close()
+        engine.result(timeout=60)
 
 
 @pytest.mark.slow
