@@ -75,10 +75,12 @@ def warm_up(prompt, new):
 def warm_up_widths(prompt, new, max_batch):
     """Groups of requests, each to be sent at once, that compile the decode step at every width
     above one (`tfgpt2.serve.scheduler.width`: 2, 4, ... max_batch) and every attention window:
-    that many of the shortest prompt with the most new tokens."""
+    that many of the shortest prompt with the most new tokens, but the first with 2 new tokens
+    (it ends first: in the pair, the other moves down into its slot, which compiles the move)."""
     from tfgpt2.serve.scheduler import width
     widths = sorted({width(n, max_batch) for n in range(2, max_batch + 1)})
-    return [[(list(range(1000, 1000 + prompt[0])), new[1], 200 + i) for i in range(w)] for w in widths]
+    return [[(list(range(1000, 1000 + prompt[0])), 2 if i == 0 else new[1], 200 + i) for i in range(w)]
+            for w in widths]
 
 
 def body(request, stream=True):

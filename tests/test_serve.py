@@ -207,33 +207,46 @@ def test_sixteen_concurrent_clients_each_get_their_answer_alone(client, tiny):
 
 def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     """The scheduler alone (no server): one sequence decodes one slot wide, whatever
-    --max_batch; three at once (slots 0 to 2), four; each sequence's tokens are `generate`'s
-    for its prompt alone, at every width."""
+    --max_batch; three at once (slots 0 to 2), four, and as the first two end the third moves
+    down to slot 0 (its cache, penalties' counts and bias with it), so two, then one; each
+    sequence's tokens are `generate`'s for its prompt alone, at every width."""
     from tfgpt2.sample import choose, generate
     from tfgpt2.serve.scheduler import Scheduler, Sequence, width
     assert [width(n, 16) for n in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16] and width(5, 6) == 6
     scheduler = Scheduler(tiny, choose, max_batch=8, max_queue=8, chunk=16, eot=ENCODER.eot_token)
     greedy = dict(temperature=0.0, top_p=1.0, min_p=0.0, repetition=1.0, presence=0.0, frequency=0.0, top_k=0)
+    penalized = dict(greedy, repetition=3.0, presence=2.0, frequency=5.0)
+    penalties = dict(repetition_penalty=3.0, presence_penalty=2.0, frequency_penalty=5.0)
+    eot = {ENCODER.eot_token: -100.0}  # banned: each sequence makes its tokens
+    prompts = [ENCODER.encode(p) for p in PROMPTS[:3]]
+    # the third, penalized and biased, moves: its prompt holds what the model favours (the repetition
+    # penalty's seen tokens), and its bias bans what it would make after the move without the bias
+    prompts[2] += generate(tiny, prompts[2:], NEW, temperature=0)[0][len(prompts[2]):].tolist()
+    free = generate(tiny, prompts[2:], 2 * NEW, temperature=0, logit_bias=eot, **penalties)[0][len(prompts[2]):]
+    bias = {**eot, **{int(t): -100.0 for t in free[NEW:]}}
+    moves = []
+    scheduler.slots.move = lambda source, target, move=scheduler.slots.move: moves.append(source) or move(source, target)
 
-    def run(prompts):
+    def run(prompts, new):
         ended = [concurrent.futures.Future() for _ in prompts]
-        sequences = [Sequence(p, NEW, greedy, lambda tokens, logprobs, end, f=f: end and f.set_result(end))
-                     for p, f in zip(prompts, ended)]
+        last = len(prompts) - 1  # the last sequence has penalties and a bias
+        sequences = [Sequence(p, n, penalized if i == last else greedy,
+                              lambda tokens, logprobs, end, f=f: end and f.set_result(end), bias=bias if i == last else eot)
+                     for i, (p, n, f) in enumerate(zip(prompts, new, ended))]
         scheduler.submit(sequences)
         concurrent.futures.wait(ended, timeout=120)
-        for p, s in zip(prompts, sequences):
-            expected = generate(tiny, [p], NEW, temperature=0, stop_at_eot=True)[0][len(p):].tolist()
-            if ENCODER.eot_token in expected:  # the sequence ends with it
-                expected = expected[:expected.index(ENCODER.eot_token) + 1]
-            assert s.generated == expected, p
-        return {key[1][0][0][1] for key in scheduler.slots.programs if key[0] == "decode"}  # ints [len(INTS), B]
+        for i, (p, n, s) in enumerate(zip(prompts, new, sequences)):
+            controls = dict(logit_bias=bias, **penalties) if i == last else dict(logit_bias=eot)
+            assert s.generated == generate(tiny, [p], n, temperature=0, **controls)[0][len(p):].tolist(), p
+        return {key[1][0][0][1] for key in scheduler.slots.programs if key[0] == "decode"}, sequences  # ints [.., B]
 
-    prompts = [ENCODER.encode(p) for p in PROMPTS[:3]]
     engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
     try:
-        assert run(prompts[:1]) == {1}
-        # the first ready alone, then two while the third is prefilled (a chunk a step), then 4, not 8
-        assert run(prompts) == {1, 2, 4}
+        assert run(prompts[:1], [NEW])[0] == {1} and not moves
+        # the first ready alone, then two while the third is prefilled (a chunk a step), then 4, not 8;
+        # the third makes the most tokens, and ends in slot 0
+        widths, sequences = run(prompts, [NEW // 3, NEW // 2, 2 * NEW])
+        assert widths == {1, 2, 4} and moves == [2] and sequences[2].slot == 0
     finally:
         scheduler.close()
         engine.result(timeout=60)

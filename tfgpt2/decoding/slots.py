@@ -3,12 +3,14 @@ each holding a sequence at a position of its own, with its own controls and rand
 
 The cache, the logit bias and the penalties' counts live in variables that the programs update
 in place (XLA aliases a variable's buffer with its update), so a step reads only what it needs:
-the weights and, per slot, the first `window` positions of the cache. Three programs, each
+the weights and, per slot, the first `window` positions of the cache. Four programs, each
 compiled once per shape bucket, never per request:
 
 - `admit(slot, prompt, bias)`: a sequence takes a slot: its bias row, zero counts and, for the
   repetition penalty, the tokens of its prompt (`controls.start_state`);
 - `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache;
+- `move(source, target)`: a sequence's cache, bias row and counts from one slot to another (the
+  host moves sequences down into free slots, so that steps stay narrow);
 - `decode(ints, floats, seed, window)`: up to `steps` new tokens for each of the first B slots
   (B the arrays' width, a program per width: a few sequences pay for their own rows, not for
   `max_batch`), each fed at its own position, the logits adjusted (`controls.adjusted`), then
@@ -75,6 +77,11 @@ class Slots:
                            tf.TensorSpec(bias.shape, tf.float32))
         run(tf.constant(where), tf.constant(padded), tf.constant(bias))
 
+    def move(self, source, target):
+        """The sequence in slot `source` to slot `target` (whose sequence has left): its cache
+        rows, bias row, counts and seen tokens."""
+        self.program("move", tf.TensorSpec([2], tf.int32))(tf.constant([source, target], tf.int32))
+
     def prefill(self, tokens, slot, start, window, targets=None):
         """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
         over its first `window` positions). With `targets` [C], the token after each, returns
@@ -104,6 +111,14 @@ class Slots:
         self.bias.scatter_nd_update(at, bias[None])
         self.counts.scatter_nd_update(at, state["counts"])
         self.seen.scatter_nd_update(at, state["seen"])
+
+    def _move(self, slots):
+        heads = self.model.hparams.n_head
+        for variable in [v for layer in self.cache for v in layer]:  # [slots * heads, length, head_dim]
+            rows = tf.gather(variable, tf.range(heads) + slots[0] * heads)
+            variable.scatter_nd_update((tf.range(heads) + slots[1] * heads)[:, None], rows)
+        for variable in (self.bias, self.counts, self.seen):  # [slots, n_vocab]
+            variable.scatter_nd_update(slots[1:, None], tf.gather(variable, slots[:1]))
 
     def _prefill(self, tokens, where, targets=None, *, window):
         logits, cache = call_with_slots(self.model, tokens, self._read(), where[1:], window=window, slot=where[:1],

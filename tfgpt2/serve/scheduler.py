@@ -2,7 +2,8 @@
 are prefilled a chunk at a time (one chunk between decode steps, so running streams keep
 flowing), then join the running batch at the next step; each leaves on its token budget,
 end-of-text, a stop string (its consumer says so) or a cancel, and its slot is reused at once.
-A decode step runs the slots up to the highest in use (`width`), not all `max_batch`.
+A decode step runs the slots up to the highest in use (`width`), not all `max_batch`; where
+sequences leave low slots while a high one runs on, it moves down into a free one.
 
 One engine thread runs every TensorFlow program (`Scheduler.run`); the rest of the process only
 queues and cancels sequences (thread-safe) and hears from them through their `sink`.
@@ -143,6 +144,7 @@ class Scheduler:
         if any(s is not None and not s.prefilling for s in self.running):
             more = self.waiting or any(s is not None and s.prefilling for s in self.running)
             self._decode(1 if more else self.slots.steps)
+        self._compact()
 
     def _drop_cancelled(self):
         self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
@@ -216,6 +218,19 @@ class Scheduler:
             sequence.prefilled, sequence.since_context = 0, 0
         if sequence.sink(new, logprobs, end) or end:
             self.running[sequence.slot] = None
+
+    def _compact(self):
+        """Moves the sequence in the highest slot into the lowest free one while the step the
+        sequences run is wider than as many sequences need."""
+        used = [slot for slot, s in enumerate(self.running) if s is not None]
+        while used and width(used[-1] + 1, self.max_batch) > width(len(used), self.max_batch):
+            source, target = used.pop(), self.running.index(None)
+            self.slots.move(source, target)
+            for values in (self.floats, self.top_k, self.seed):
+                values[..., target] = values[..., source]
+            sequence, self.running[source] = self.running[source], None
+            self.running[target], sequence.slot = sequence, target
+            used = sorted(used + [target])
 
     def _fail(self):
         with self.lock:
