@@ -3,16 +3,19 @@
 `model.py`'s `GPT2.call(X, past)` concatenates `past`, so every step has new shapes. Here each
 layer's keys and values live in a buffer [batch * n_head, T_max, head_dim] that each step writes
 at an index (in place inside an XLA loop), with left padding per row (`call_with_cache`), or
-each row at a position of its own, in the rows of its slot (`call_with_slots`, the server's
-continuous batch). The layers, the mask and the softmax are the model's own; only the order of
-the calls is written again. `layouts` (`layouts.py`) change how the block weights are
-multiplied, never the numbers.
+each row at a position of its own, in the rows of its slot, in blocks of BLOCK positions
+(`call_with_slots`, the server's continuous batch: a step reads the blocks of its window whole,
+where a slice of one buffer would be copied before each product). The layers, the mask and the
+softmax are the model's own; only the order of the calls is written again. `layouts`
+(`layouts.py`) change how the block weights are multiplied, never the numbers.
 """
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
 
 from ..model import attention_mask, attn_probs, gelu, positions_for, shape_list
 from ..products import matmul
+
+BLOCK = 64  # positions per block of a slot cache (`slot_cache`)
 
 
 def empty_cache(model, batch, length):
@@ -22,6 +25,14 @@ def empty_cache(model, batch, length):
     hp = model.hparams
     shape = [batch * hp.n_head, length, hp.n_embd // hp.n_head]
     return [(tf.zeros(shape, model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
+
+
+def slot_cache(model, slots, length):
+    """The zero cache of `slots` slots of `length` positions (a multiple of BLOCK): per layer
+    (keys, values), each a tuple of length / BLOCK blocks [slots * n_head, BLOCK, head_dim]."""
+    hp = model.hparams
+    zeros = tf.zeros([slots * hp.n_head, BLOCK, hp.n_embd // hp.n_head], model.compute_dtype)
+    return [((zeros,) * (length // BLOCK),) * 2 for _ in range(hp.n_layer)]
 
 
 def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, table=None):
@@ -39,7 +50,7 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
 
     def write(old, new):
         stored = write_cache(old, new, cache_index)
-        return stored, stored
+        return stored, [stored]
     return through_blocks(model, X, padded_positions(X, cache_index, pad), mask, cache, write, layouts, table)
 
 
@@ -60,34 +71,40 @@ def padded_positions(tokens, past_length, pad):
 
 
 def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, every_position=False):
-    """X [rows, T] through the blocks over a cache of slots (`empty_cache` of one row per slot):
-    row r's tokens sit at positions start[r], start[r] + 1, ... of its slot (slot r, of the
-    first `rows` slots, or slot[r] with `slot` [rows]), their keys and values written there,
-    and attend to the slot's first `window` positions (a Python int) up to their own. A slot's keys past the position
-    being written are never read, so a slot is reused without clearing it.
+    """X [rows, T] through the blocks over a cache of slots (`slot_cache`): row r's tokens sit
+    at positions start[r], start[r] + 1, ... of its slot (slot r, of the first `rows` slots, or
+    slot[r] with `slot` [rows]), their keys and values written there, and attend to the slot's
+    first `window` positions (a Python int; its blocks are read whole) up to their own. A slot's
+    keys past the position being written are never read, so a slot is reused without clearing it.
 
     Returns the logits of the last position [rows, n_vocab] (of every position [rows, T,
-    n_vocab] with `every_position`) and the updated cache. Positions past the cache are not
-    written (XLA drops such updates) and are not checked here."""
+    n_vocab] with `every_position`) and the updated cache. Positions past the window's blocks
+    are not written (XLA drops such updates) and are not checked here."""
     hp = model.hparams
+    blocks = -(-window // BLOCK)
     positions = start[:, None] + tf.range(shape_list(X)[1])
-    mask = tf.cast(positions[:, :, None] >= tf.range(window), model.compute_dtype)  # [rows, T, window]
+    mask = tf.cast(positions[:, :, None] >= tf.range(blocks * BLOCK), model.compute_dtype)  # [rows, T, positions]
     rows = tf.range(shape_list(X)[0]) if slot is None else slot
     rows = tf.reshape(rows[:, None] * hp.n_head + tf.range(hp.n_head), [-1])  # the cache rows of each head
+    at = tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])  # each new key's position
 
-    def write(old, new):  # new [rows * heads, T, head_dim]
-        where = tf.stack([tf.repeat(rows, shape_list(new)[1]),
-                          tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])], axis=1)
-        stored = tf.tensor_scatter_nd_update(old, where, tf.reshape(new, [-1, shape_list(new)[2]]))
-        return stored, (stored[:shape_list(new)[0]] if slot is None else tf.gather(stored, rows))[:, :window]
+    def write(old, new):  # old: a layer's blocks; new [rows * heads, T, head_dim]
+        stored = list(old)
+        for j in range(blocks):
+            offset = at - j * BLOCK
+            offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
+            where = tf.stack([tf.repeat(rows, shape_list(new)[1]), offset], axis=1)
+            stored[j] = tf.tensor_scatter_nd_update(old[j], where, tf.reshape(new, [-1, shape_list(new)[2]]))
+        read = [b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
+        return tuple(stored), read
     return through_blocks(model, X, positions, mask, cache, write, layouts, every_position=every_position)
 
 
 def through_blocks(model, X, positions, mask, cache, write, layouts, table=None, *, every_position=False):
     """The embeddings of X at `positions`, the blocks over `cache` (`write(old, new)` stores a
-    layer's new keys or values and gives (the stored cache, what attention reads)), then the
-    logits of the last position, or of every one: ([batch, n_vocab] or [batch, T, n_vocab], the
-    updated cache)."""
+    layer's new keys or values and gives (the stored cache, what attention reads: a list of
+    blocks, `cached_attn`)), then the logits of the last position, or of every one: ([batch,
+    n_vocab] or [batch, T, n_vocab], the updated cache)."""
     embed, logits = table or ((lambda X: tf.gather(model.as_compute(model.wte), X)), model.lm_logits)
     h = embed(X) + tf.gather(model.as_compute(model.wpe), positions)
     new_cache = []
@@ -146,11 +163,13 @@ def write_cache(cache, update, index):
 
 
 def cached_attn(q, k, v, mask, *, tf32=False):
-    """`multihead_attn` over the cache: q [batch, heads, n, features], k and v
-    [batch * heads, T, features]. The products read the cache as it is: a reshape of it
-    between its update and a product makes XLA copy the whole cache at every step."""
+    """`multihead_attn` over the cache: q [batch, heads, n, features], k and v lists of blocks
+    [batch * heads, T_j, features] (the positions in order). The products read the cache as it
+    is: a reshape or slice of it between its update and a product makes XLA copy it."""
     batch, heads, n, features = shape_list(q)
-    w = matmul(tf.reshape(q, [batch * heads, n, features]), k, transpose_b=True, tf32=tf32)
+    q = tf.reshape(q, [batch * heads, n, features])
+    w = tf.concat([matmul(q, block, transpose_b=True, tf32=tf32) for block in k], axis=-1)
     w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
-    a = matmul(tf.reshape(w, [batch * heads, n, -1]), v, tf32=tf32)
+    parts = tf.split(tf.reshape(w, [batch * heads, n, -1]), [shape_list(block)[1] for block in v], axis=-1)
+    a = tf.add_n([matmul(part, block, tf32=tf32) for part, block in zip(parts, v)])
     return tf.reshape(a, [batch, heads, n, features])

@@ -26,7 +26,7 @@ import tensorflow as tf
 from ..products import cpus_only
 from . import controls as control
 from . import layouts
-from .cache import call_with_slots, empty_cache
+from .cache import BLOCK, call_with_slots, slot_cache
 
 TOP_LOGPROBS = 5  # the most likely tokens `decode` reports per step (OpenAI's limit for completions)
 INTS = ("token", "position", "budget", "drawn", "top_k", "logprobs", "biased")  # `decode`'s int32 rows
@@ -36,7 +36,7 @@ FLOATS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency"
 class Slots:
     """The programs and the state of `max_batch` slots for `model`. `choose` is
     `tfgpt2.sample.choose`; `chunk` the longest prefill chunk (the cache holds n_ctx + chunk
-    positions, so that a chunk's padding never wraps); `steps` the most tokens one `decode`
+    positions, rounded up to whole blocks, so that a chunk's padding never wraps); `steps` the most tokens one `decode`
     call makes; `eot` the token that ends a sequence. Each program is traced once per shape
     (`programs`, the compiles), and called as a concrete function: a call costs little more than
     the program (a polymorphic `tf.function` call matches its arguments each time)."""
@@ -44,9 +44,9 @@ class Slots:
     def __init__(self, model, choose, *, max_batch, chunk, steps, eot):
         hp = model.hparams
         self.model, self.choose, self.max_batch, self.steps, self.eot = model, choose, max_batch, steps, eot
-        self.length = hp.n_ctx + chunk
-        self.cache = [tuple(tf.Variable(t, trainable=False) for t in layer)
-                      for layer in empty_cache(model, max_batch, self.length)]
+        self.length = -(-(hp.n_ctx + chunk) // BLOCK) * BLOCK
+        self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
+                      for layer in slot_cache(model, max_batch, self.length)]
         self.bias = tf.Variable(tf.zeros([max_batch, hp.n_vocab]), trainable=False)
         self.counts = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.int32), trainable=False)
         self.seen = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.bool), trainable=False)
@@ -114,14 +114,14 @@ class Slots:
 
     def _move(self, slots):
         heads = self.model.hparams.n_head
-        for variable in [v for layer in self.cache for v in layer]:  # [slots * heads, length, head_dim]
+        for variable in self._variables():  # [slots * heads, BLOCK, head_dim]
             rows = tf.gather(variable, tf.range(heads) + slots[0] * heads)
             variable.scatter_nd_update((tf.range(heads) + slots[1] * heads)[:, None], rows)
         for variable in (self.bias, self.counts, self.seen):  # [slots, n_vocab]
             variable.scatter_nd_update(slots[1:, None], tf.gather(variable, slots[:1]))
 
     def _prefill(self, tokens, where, targets=None, *, window):
-        logits, cache = call_with_slots(self.model, tokens, self._read(), where[1:], window=window, slot=where[:1],
+        logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window, slot=where[:1],
                                         layouts=self.layouts, every_position=targets is not None)
         self._store(cache)
         if targets is not None:
@@ -144,7 +144,7 @@ class Slots:
                              | (row["frequency"] != 0))  # else the controls leave the logits as they are
         zeros = tf.zeros([batch, self.steps], tf.float32)
         start = dict(j=tf.constant(0), token=row["token"], position=row["position"], alive=budget > 0,
-                     count=tf.zeros_like(budget), cache=self._read(), counts=self.counts.value()[:batch],
+                     count=tf.zeros_like(budget), cache=self._read(window), counts=self.counts.value()[:batch],
                      tokens=tf.zeros([batch, self.steps], tf.int32), logprob=zeros,
                      top=(tf.zeros([batch, self.steps, TOP_LOGPROBS], tf.int32),
                           tf.zeros([batch, self.steps, TOP_LOGPROBS])))
@@ -175,13 +175,21 @@ class Slots:
         self.counts[:batch].assign(s["counts"])
         return s["tokens"], s["count"], s["logprob"], s["top"]
 
-    def _read(self):
-        return [(k.value(), v.value()) for k, v in self.cache]
+    def _read(self, window):
+        """Each layer's (keys, values) blocks that hold the first `window` positions: a program
+        takes (and the runtime hands it) only the variables it uses."""
+        return [tuple(tuple(block.value() for block in part[:-(-window // BLOCK)]) for part in layer)
+                for layer in self.cache]
 
     def _store(self, cache):
-        for variables, values in zip(self.cache, cache):
-            for variable, value in zip(variables, values):
-                variable.assign(value)
+        """`cache` (as `_read` gives it) into its blocks."""
+        for variable, value in zip(self._variables(len(cache[0][0])), tf.nest.flatten(cache)):
+            variable.assign(value)
+
+    def _variables(self, blocks=None):
+        """The first `blocks` blocks of every layer's keys and values (all: None), in
+        `tf.nest.flatten` order."""
+        return tf.nest.flatten([tuple(part[:blocks] for part in layer) for layer in self.cache])
 
 
 def log_probabilities(logits, token):

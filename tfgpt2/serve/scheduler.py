@@ -16,10 +16,10 @@ import traceback
 import numpy as np
 
 from ..decoding.buckets import bucket
+from ..decoding.cache import BLOCK
 from ..decoding.slots import FLOATS, INTS, Slots
 
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
-MIN_WINDOW = 32  # the shortest attention window (windows are length buckets up to n_ctx)
 
 
 class QueueFull(Exception):
@@ -241,9 +241,9 @@ class Scheduler:
 
 
 def window(positions, n_ctx):
-    """The attention window (a compile bucket) for `positions` positions: a length bucket
-    (`buckets.bucket`: 32, 48, 64, 96, ...), at most n_ctx."""
-    return min(bucket(positions, minimum=MIN_WINDOW), n_ctx)
+    """The attention window (a compile bucket) for `positions` positions: whole blocks of the
+    cache (`decoding.cache.BLOCK`: 64, 128, 192, ...), at most n_ctx."""
+    return min(-(-positions // BLOCK) * BLOCK, n_ctx)
 
 
 def width(slots, max_batch):
