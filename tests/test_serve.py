@@ -224,14 +224,14 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     prompts[2] += generate(tiny, prompts[2:], NEW, temperature=0)[0][len(prompts[2]):].tolist()
     free = generate(tiny, prompts[2:], 2 * NEW, temperature=0, logit_bias=eot, **penalties)[0][len(prompts[2]):]
     bias = {**eot, **{int(t): -100.0 for t in free[NEW:]}}
-    moves = []
-    scheduler.slots.move = lambda source, target, move=scheduler.slots.move: moves.append(source) or move(source, target)
+    moves, move = [], scheduler.slots.move
+    scheduler.slots.move = lambda source, target: moves.append(source) or move(source, target)
 
     def run(prompts, new):
         ended = [concurrent.futures.Future() for _ in prompts]
         last = len(prompts) - 1  # the last sequence has penalties and a bias
-        sequences = [Sequence(p, n, penalized if i == last else greedy,
-                              lambda tokens, logprobs, end, f=f: end and f.set_result(end), bias=bias if i == last else eot)
+        sequences = [Sequence(p, n, penalized if i == last else greedy, lambda tokens, logprobs, end, f=f: end
+                              and f.set_result(end), bias=bias if i == last else eot)
                      for i, (p, n, f) in enumerate(zip(prompts, new, ended))]
         scheduler.submit(sequences)
         concurrent.futures.wait(ended, timeout=120)

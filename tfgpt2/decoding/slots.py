@@ -36,10 +36,11 @@ FLOATS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency"
 class Slots:
     """The programs and the state of `max_batch` slots for `model`. `choose` is
     `tfgpt2.sample.choose`; `chunk` the longest prefill chunk (the cache holds n_ctx + chunk
-    positions, rounded up to whole blocks, so that a chunk's padding never wraps); `steps` the most tokens one `decode`
-    call makes; `eot` the token that ends a sequence. Each program is traced once per shape
-    (`programs`, the compiles), and called as a concrete function: a call costs little more than
-    the program (a polymorphic `tf.function` call matches its arguments each time)."""
+    positions, rounded up to whole blocks, so that a chunk's padding never wraps); `steps` the
+    most tokens one `decode` call makes; `eot` the token that ends a sequence. Each program is
+    traced once per shape (`programs`, the compiles), and called as a concrete function: a call
+    costs little more than the program (a polymorphic `tf.function` call matches its arguments
+    each time)."""
 
     def __init__(self, model, choose, *, max_batch, chunk, steps, eot):
         hp = model.hparams
@@ -121,8 +122,8 @@ class Slots:
             variable.scatter_nd_update(slots[1:, None], tf.gather(variable, slots[:1]))
 
     def _prefill(self, tokens, where, targets=None, *, window):
-        logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window, slot=where[:1],
-                                        layouts=self.layouts, every_position=targets is not None)
+        logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window,
+                                        slot=where[:1], layouts=self.layouts, every_position=targets is not None)
         self._store(cache)
         if targets is not None:
             return log_probabilities(logits[0], targets)
