@@ -27,6 +27,11 @@ def empty_cache(model, batch, length):
     return [(tf.zeros(shape, model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
 
 
+def blocks_for(positions):
+    """The number of cache blocks that hold `positions` positions."""
+    return -(-positions // BLOCK)
+
+
 def slot_cache(model, slots, length):
     """The zero cache of `slots` slots of `length` positions (a multiple of BLOCK): per layer
     (keys, values), each a tuple of length / BLOCK blocks [slots * n_head, BLOCK, head_dim]."""
@@ -81,7 +86,7 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
     n_vocab] with `every_position`) and the updated cache. Positions past the window's blocks
     are not written (XLA drops such updates) and are not checked here."""
     hp = model.hparams
-    blocks = -(-window // BLOCK)
+    blocks = blocks_for(window)
     positions = start[:, None] + tf.range(shape_list(X)[1])
     mask = tf.cast(positions[:, :, None] >= tf.range(blocks * BLOCK), model.compute_dtype)  # [rows, T, positions]
     rows = tf.range(shape_list(X)[0]) if slot is None else slot
@@ -89,12 +94,11 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
     at = tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])  # each new key's position
 
     def write(old, new):  # old: a layer's blocks; new [rows * heads, T, head_dim]
-        stored = list(old)
+        stored, row, values = list(old), tf.repeat(rows, shape_list(new)[1]), tf.reshape(new, [-1, shape_list(new)[2]])
         for j in range(blocks):
             offset = at - j * BLOCK
             offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
-            where = tf.stack([tf.repeat(rows, shape_list(new)[1]), offset], axis=1)
-            stored[j] = tf.tensor_scatter_nd_update(old[j], where, tf.reshape(new, [-1, shape_list(new)[2]]))
+            stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), values)
         read = [b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
         return tuple(stored), read
     return through_blocks(model, X, positions, mask, cache, write, layouts, every_position=every_position)

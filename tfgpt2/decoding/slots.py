@@ -26,7 +26,7 @@ import tensorflow as tf
 from ..products import cpus_only
 from . import controls as control
 from . import layouts
-from .cache import BLOCK, call_with_slots, slot_cache
+from .cache import BLOCK, blocks_for, call_with_slots, slot_cache
 
 TOP_LOGPROBS = 5  # the most likely tokens `decode` reports per step (OpenAI's limit for completions)
 INTS = ("token", "position", "budget", "drawn", "top_k", "logprobs", "biased")  # `decode`'s int32 rows
@@ -45,7 +45,7 @@ class Slots:
     def __init__(self, model, choose, *, max_batch, chunk, steps, eot):
         hp = model.hparams
         self.model, self.choose, self.max_batch, self.steps, self.eot = model, choose, max_batch, steps, eot
-        self.length = -(-(hp.n_ctx + chunk) // BLOCK) * BLOCK
+        self.length = blocks_for(hp.n_ctx + chunk) * BLOCK
         self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
                       for layer in slot_cache(model, max_batch, self.length)]
         self.bias = tf.Variable(tf.zeros([max_batch, hp.n_vocab]), trainable=False)
@@ -179,7 +179,7 @@ class Slots:
     def _read(self, window):
         """Each layer's (keys, values) blocks that hold the first `window` positions: a program
         takes (and the runtime hands it) only the variables it uses."""
-        return [tuple(tuple(block.value() for block in part[:-(-window // BLOCK)]) for part in layer)
+        return [tuple(tuple(block.value() for block in part[:blocks_for(window)]) for part in layer)
                 for layer in self.cache]
 
     def _store(self, cache):

@@ -16,7 +16,7 @@ import traceback
 import numpy as np
 
 from ..decoding.buckets import bucket
-from ..decoding.cache import BLOCK
+from ..decoding.cache import BLOCK, blocks_for
 from ..decoding.slots import FLOATS, INTS, Slots
 
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
@@ -243,7 +243,7 @@ class Scheduler:
 def window(positions, n_ctx):
     """The attention window (a compile bucket) for `positions` positions: whole blocks of the
     cache (`decoding.cache.BLOCK`: 64, 128, 192, ...), at most n_ctx."""
-    return min(-(-positions // BLOCK) * BLOCK, n_ctx)
+    return min(blocks_for(positions) * BLOCK, n_ctx)
 
 
 def width(slots, max_batch):
