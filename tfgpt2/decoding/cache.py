@@ -35,9 +35,7 @@ def blocks_for(positions):
 def slot_cache(model, slots, length):
     """The zero cache of `slots` slots of `length` positions (a multiple of BLOCK): per layer
     (keys, values), each a tuple of length / BLOCK blocks [slots * n_head, BLOCK, head_dim]."""
-    hp = model.hparams
-    zeros = tf.zeros([slots * hp.n_head, BLOCK, hp.n_embd // hp.n_head], model.compute_dtype)
-    return [((zeros,) * (length // BLOCK),) * 2 for _ in range(hp.n_layer)]
+    return [tuple((zeros,) * (length // BLOCK) for zeros in layer) for layer in empty_cache(model, slots, BLOCK)]
 
 
 def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, table=None):

@@ -137,8 +137,8 @@ class Slots:
         TOP_LOGPROBS most likely ids and theirs [B, steps, N] (zeros unless a row asked). `biased`
         rows have a logit bias."""
         row = dict(zip(INTS, tf.unstack(ints)), **dict(zip(FLOATS, tf.unstack(floats))))
-        batch, budget = ints.shape[1], row["budget"]  # the first `batch` slots (the whole cache goes
-        # through the loop, updated in place)
+        batch, budget = ints.shape[1], row["budget"]  # the first `batch` slots (every slot's blocks of
+        # the window go through the loop, updated in place)
         controls = dict(bias=self.bias.value()[:batch], repetition=row["repetition"], presence=row["presence"],
                         frequency=row["frequency"])
         used = tf.reduce_any((row["biased"] > 0) | (row["repetition"] != 1) | (row["presence"] != 0)
