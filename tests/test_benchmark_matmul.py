@@ -1,7 +1,7 @@
-"""benchmarks/benchmark_matmul.py: a product's rate per dtype and backend, PyTorch's where installed."""
+"""tools/benchmark_matmul.py: a product's rate per dtype and backend, PyTorch's where installed."""
 import pytest
 
-from benchmarks.benchmark_train import has_modules, hf_python
+from tools.benchmark_train import has_modules, hf_python
 from test_benchmarks import assert_report, rows, run_tool
 
 

@@ -1,10 +1,10 @@
-"""benchmarks/benchmark_train.py: each candidate in its own process, one report row each."""
+"""tools/benchmark_train.py: each candidate in its own process, one report row each."""
 import subprocess
 import sys
 
 import pytest
 
-from benchmarks.benchmark_train import flops_per_token
+from tools.benchmark_train import flops_per_token
 from conftest import ROOT, TINY
 from test_benchmarks import assert_report, rows, run_tool
 
@@ -18,7 +18,7 @@ def test_flops_per_token_of_124m():
 
 
 def test_accumulate_is_tfgpt2s_alone(tiny_dir):
-    out = subprocess.run([sys.executable, "benchmarks/benchmark_train.py", "--model_dir", tiny_dir, "--accumulate",
+    out = subprocess.run([sys.executable, "tools/benchmark_train.py", "--model_dir", tiny_dir, "--accumulate",
                           "2", "--candidates", "tfgpt2", "keras-hub"], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert out.returncode == 2 and "--accumulate is tfgpt2's alone" in out.stderr
@@ -50,7 +50,7 @@ def test_float32_baseline_runs_beside_the_options_given(tiny_dir, tmp_path):
 
 def test_a_row_spans_its_processes():
     """--repeats N: tokens/s over every step of the N processes, the rest over the processes."""
-    from benchmarks.benchmark_train import row_of
+    from tools.benchmark_train import row_of
     runs = [dict(tokens_per_step=30, step_s=[1.0, 2.0], first_step_s=5.0, peak_rss_mb=100, precision="float32",
                  xla=True),
             dict(tokens_per_step=30, step_s=[3.0, 1.5], first_step_s=7.0, peak_rss_mb=120, precision="float32",
@@ -69,7 +69,7 @@ def test_lora_figures_count_the_models_own_variables():
     a tiny model with LoRA enabled at the default targets)."""
     import math
     import numpy as np
-    from benchmarks.benchmark_train import gpu_accounting, lora_parameters
+    from tools.benchmark_train import gpu_accounting, lora_parameters
     from tfgpt2.formats.variables import variable_shapes
     from tfgpt2.hparams import default_hparams, published_hparams
     from tfgpt2.model import GPT2
@@ -91,8 +91,8 @@ def test_headlines_set_lora_against_full_fine_tuning():
     """One README row for LoRA against every weight where both ran, named by the model folder;
     else a row per tfgpt2 candidate that ran."""
     import argparse
-    from benchmarks.benchmark_train import headlines_of
-    from benchmarks.report import spread
+    from tools.benchmark_train import headlines_of
+    from tools.report import spread
 
     def row(name, tokens, peak):
         return {"implementation": name, "setup": "float32, XLA", "tokens_per_s": spread([tokens]),

@@ -1,4 +1,4 @@
-"""benchmarks/report.py, benchmarks/collect.py, and the tools' reports: each tool runs on a tiny
+"""tools/report.py, tools/collect.py, and the tools' reports: each tool runs on a tiny
 model and writes a JSON report and a Markdown section that shows the same figures. Nothing here
 depends on how fast this machine is."""
 import argparse
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from benchmarks import collect, report
-from benchmarks.machine import describe
+from tools import collect, report
+from tools.machine import describe
 from conftest import ROOT, SHARED
 
 KEYS = {"name", "title", "tool", "command", "machine", "versions", "date", "commit", "local_changes", "settings",
@@ -19,8 +19,8 @@ KEYS = {"name", "title", "tool", "command", "machine", "versions", "date", "comm
 
 
 def run_tool(tool, *flags, env=None, timeout=600):
-    """`python benchmarks/<tool> FLAGS` from the repository root, as the docs say to run it."""
-    done = subprocess.run([sys.executable, f"benchmarks/{tool}", *flags], cwd=ROOT, capture_output=True, text=True,
+    """`python tools/<tool> FLAGS` from the repository root, as the docs say to run it."""
+    done = subprocess.run([sys.executable, f"tools/{tool}", *flags], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, **(env or {})))
     return done
 
@@ -28,7 +28,7 @@ def run_tool(tool, *flags, env=None, timeout=600):
 def run_main(tool, *flags):
     """The tool's main() on FLAGS in this process (a tool that runs in one process): its status."""
     import importlib
-    return importlib.import_module(f"benchmarks.{tool}").main(list(flags))
+    return importlib.import_module(f"tools.{tool}").main(list(flags))
 
 
 def table_lines(markdown, columns):
@@ -53,8 +53,8 @@ def assert_report(folder, name, tool):
     with open(os.path.join(folder, f"{name}.md")) as f:
         text = f.read()
     assert set(data) == KEYS, data.keys()
-    assert data["name"] == name and data["tool"] == f"benchmarks/{tool}"
-    assert data["command"].startswith(f"python benchmarks/{tool} ")
+    assert data["name"] == name and data["tool"] == f"tools/{tool}"
+    assert data["command"].startswith(f"python tools/{tool} ")
     assert data["machine"] == describe()
     assert {"python", "tensorflow", "keras", "numpy", "tiktoken"} <= set(data["versions"])
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", data["date"])
@@ -97,12 +97,12 @@ def test_written_report_renders_its_json(tmp_path):
     columns = [report.column("what", "what"), report.column("rate", "tokens/s", ".1f")]
     data = report.build("fake", "Fake speed", [report.table(columns, [{"what": "x", "rate": report.spread([1, 2, 4])},
                                                                      {"what": "y|z", "rate": None}])],
-                        tool=os.path.join(ROOT, "benchmarks", "fake.py"), argv=["--runs", "3", "--note", "a b"],
+                        tool=os.path.join(ROOT, "tools", "fake.py"), argv=["--runs", "3", "--note", "a b"],
                         notes=["Random weights."], settings={"runs": 3})
     json_path, md_path = report.write(data, str(tmp_path / "out"), echo=False)
     assert json_path.endswith("fake.json") and md_path.endswith("fake.md")
     got = assert_report(str(tmp_path / "out"), "fake", "fake.py")
-    assert got["command"] == "python benchmarks/fake.py --runs 3 --note 'a b'"
+    assert got["command"] == "python tools/fake.py --runs 3 --note 'a b'"
     text = (tmp_path / "out" / "fake.md").read_text()
     assert "| x | 2.0 (1.0-4.0) |" in text and "| y\\|z | n/a |" in text and "Random weights." in text
     assert "|---|---:|" in text  # numbers right-aligned
@@ -126,7 +126,7 @@ def test_commit_here_is_head():
 def fake_report(folder, name, figure, headline=True):
     columns = [report.column("what", "what"), report.column("ms", "ms", ".1f")]
     data = report.build(name, f"Report {name}", [report.table(columns, [{"what": "a", "ms": figure}])],
-                        tool=os.path.join(ROOT, "benchmarks", f"{name}.py"), argv=[],
+                        tool=os.path.join(ROOT, "tools", f"{name}.py"), argv=[],
                         headlines=[{"what": f"{name} a", "figure": f"{figure:.1f} ms"}] if headline else [])
     report.write(data, str(folder), echo=False)
 
@@ -142,7 +142,7 @@ def test_collect_pastes_the_sections_in_order(tmp_path):
                          "--readme", str(readme)]) == 0
     page = (docs / "benchmarks.md").read_text()
     assert page.startswith(collect.HEADER)
-    assert "python benchmarks/collect.py" in collect.HEADER
+    assert "python tools/collect.py" in collect.HEADER
     titles = re.findall(r"^## Report (\S+)$", page, re.M)
     assert titles == ["generation", "train-bf16", "tokenizer", "zeta"]
     for name in titles:
@@ -160,9 +160,9 @@ def test_collect_without_reports_says_so(tmp_path, capsys):
 
 
 def test_docs_page_is_the_committed_reports():
-    """docs/benchmarks.md is exactly what collect.py makes of benchmarks/reports/, and each
+    """docs/benchmarks.md is exactly what collect.py makes of tools/reports/, and each
     report's Markdown is its JSON's rendering."""
-    folder = os.path.join(ROOT, "benchmarks", "reports")
+    folder = os.path.join(ROOT, "tools", "reports")
     docs = os.path.join(ROOT, "docs", "benchmarks.md")
     if not os.path.isdir(folder):
         pytest.skip("no committed reports")
@@ -170,7 +170,7 @@ def test_docs_page_is_the_committed_reports():
         assert text == report.markdown(data), name
         assert set(data) == KEYS, name
     with open(docs) as f:
-        assert f.read() == collect.page(folder, docs), "run python benchmarks/collect.py"
+        assert f.read() == collect.page(folder, docs), "run python tools/collect.py"
 
 
 # ---- the tools on a tiny model ------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_generation_report_against_the_reference(tiny_dir, tmp_path):
 
 def test_generation_headlines_are_ratios_within_the_run():
     """tfgpt2-xla against the reference, every control on against tfgpt2-xla, per batch size."""
-    from benchmarks.benchmark import headlines
+    from tools.benchmark import headlines
 
     def row(name, batch, ms):
         return {"implementation": name, "batch": batch, "step_ms": report.spread([ms])}
@@ -241,7 +241,7 @@ def test_gpu_check_script_without_nvidia_smi_says_so(tmp_path):
     """The shell script stops before Python where there is no nvidia-smi on PATH."""
     if any(os.path.exists(f"{d}/nvidia-smi") for d in ("/usr/bin", "/bin")):
         pytest.skip("nvidia-smi is in /usr/bin here")
-    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--report", str(tmp_path)], cwd=ROOT,
+    done = subprocess.run(["bash", "tools/gpu_check.sh", "--report", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PATH="/usr/bin:/bin", PYTHON="/nonexistent/python"))
     assert done.returncode == 0 and "no NVIDIA GPU visible" in done.stderr, done.stderr
@@ -299,8 +299,8 @@ def test_memory_report(tiny_dir, tmp_path):
 
 def test_beam_report_rows_are_rates_and_ratios_of_the_runs():
     """benchmark_beam's table from given run times (its runs are whole commands, timed in
-    benchmarks/reports/beam.json): rows/s per run, and the medians' ratio to the local engine's."""
-    from benchmarks import benchmark_beam
+    tools/reports/beam.json): rows/s per run, and the medians' ratio to the local engine's."""
+    from tools import benchmark_beam
     local, beam = benchmark_beam.ENGINES
     (table,) = benchmark_beam.tables({local: [10.0, 20.0, 40.0], beam: [40.0, 80.0, 20.0]}, prompts=80)
     by_engine = {row["engine"]: row for row in table["rows"]}
@@ -313,7 +313,7 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
     """benchmark_serve: the requests keep to their ranges and repeat for a seed; the warm-up has
     a prompt of every chunk size (multiples of 8) and the longest requests, and groups of every
     step width whose first request ends first; the headline is the ratio of the medians in the run."""
-    from benchmarks import benchmark_serve as bench
+    from tools import benchmark_serve as bench
     requests = bench.workload(50, (8, 64), (16, 128))
     assert requests == bench.workload(50, (8, 64), (16, 128))
     assert all(8 <= len(ids) <= 64 and 16 <= new <= 128 and max(ids) < bench.EOT for ids, new, _ in requests)
@@ -347,6 +347,6 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
 def test_serve_benchmark_counts_the_tokens_while_every_client_is_busy():
     """Two clients: one request each from 0 s, the third starts at 2 s (the last start): the
     tokens until then, each request's spread evenly over its time."""
-    from benchmarks import benchmark_serve as bench
+    from tools import benchmark_serve as bench
     got = bench.figures(4.0, [(0.0, 2.0, 10), (0.0, 4.0, 40), (2.0, 4.0, 10)])
     assert got == {"tokens_per_s": 60 / 4.0, "busy_tokens_per_s": (10 + 40 * 2 / 4) / 2.0}

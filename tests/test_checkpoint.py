@@ -98,7 +98,7 @@ def test_a_load_holds_one_block_of_rows_at_a_time(small_vocab_dir, monkeypatch):
     it in place, every element once, and no tensor ever read whole (TensorFlow's RestoreV2
     returns one, and its allocator keeps the buffer: a float32 `wte` beside a bfloat16 model).
     So a load holds the model and one block; the peak that makes on a machine is a figure of
-    `benchmarks/benchmark_memory.py`."""
+    `tools/benchmark_memory.py`."""
     values = stored(small_vocab_dir)
     monkeypatch.setattr(bundle, "BLOCK_BYTES", 1000)
     read, written = [], []

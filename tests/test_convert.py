@@ -16,7 +16,7 @@ from tfgpt2.formats.hf_kerashub import ConversionError, convert, load, read, sav
 from tfgpt2.hparams import default_hparams
 from tfgpt2.cli import convert as convert_cli
 from tfgpt2.cli import generate as generate_cli
-from benchmarks.benchmark_train import has_modules, hf_python
+from tools.benchmark_train import has_modules, hf_python
 from tfgpt2.testing.checkpoints import make_checkpoint
 
 ATOL = 5e-4  # two correct fp32 implementations (tests/test_model.py)

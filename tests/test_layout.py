@@ -1,8 +1,9 @@
 """The package's shape, read from its source: the import graph has no circle and no import runs
-up the floors (DESIGN.md), `model.py` (the
-mirror of OpenAI's `src/model.py`) imports nothing of the machinery added around it, the
-package never imports the developer tools in `benchmarks/`, and no module configures the
-process (environment variables, logging) when it is imported.
+up the floors (`FLOORS` below, bottom to top: hparams and encoder; model; decoding; sample;
+formats; train; serve and bulk; testing; cli; then the entry points), `model.py` (the mirror of
+OpenAI's `src/model.py`) imports nothing of the machinery added around it, the package never
+imports the developer tools in `tools/`, and no module configures the process (environment
+variables, logging) when it is imported.
 
 The checks are static (`ast` over every `tfgpt2/**/*.py`), so they take milliseconds and see
 imports inside functions too, which run only when called; one slow test imports every module in
@@ -277,8 +278,8 @@ def test_atomic_write_helper_is_a_leaf(graph):
     assert not [t for t, _ in graph["tfgpt2.formats.files"] if within(t, ["tfgpt2"])]
 
 
-def test_the_package_never_imports_the_benchmarks(graph):
-    found = [(m, t, line) for m, edges in graph.items() for t, line in edges if within(t, ["benchmarks"])]
+def test_the_package_never_imports_the_tools(graph):
+    found = [(m, t, line) for m, edges in graph.items() for t, line in edges if within(t, ["tools"])]
     assert not found, found
 
 

@@ -1,7 +1,7 @@
-"""benchmarks/machine.py: the machine line that the benchmarks write with their figures."""
+"""tools/machine.py: the machine line that the benchmarks write with their figures."""
 import os
 
-from benchmarks.machine import FEATURES, cpu, describe
+from tools.machine import FEATURES, cpu, describe
 
 INTEL = """processor\t: 0
 vendor_id\t: GenuineIntel

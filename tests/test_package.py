@@ -126,7 +126,7 @@ def build_wheel(tmp_path):
         entry_points = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert {"tfgpt2_cli.py", "tfgpt2/assets/encoder.json", "tfgpt2/assets/vocab.bpe", "tfgpt2/cli/main.py"} <= names
     assert {f"{package.replace('.', '/')}/__init__.py" for package in SUBPACKAGES} <= names
-    assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
+    assert not [n for n in names if n.startswith(("tests/", "tools/"))]
     assert re.search(r"^tfgpt2 = tfgpt2_cli:main$", entry_points, re.M), entry_points
     return wheel
 

@@ -1,7 +1,7 @@
-"""benchmarks/profile_xla.py: the XLA operations of a step, timed and put in groups."""
+"""tools/profile_xla.py: the XLA operations of a step, timed and put in groups."""
 import pytest
 
-from benchmarks.profile_xla import GROUPS, group_of, op_times
+from tools.profile_xla import GROUPS, group_of, op_times
 from test_benchmarks import assert_report, rows, run_tool
 
 

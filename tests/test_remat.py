@@ -1,5 +1,5 @@
 """GPT2(remat=True): each block recomputed in the backward pass, with the same gradients. How
-much memory that saves depends on the machine and XLA's version: `benchmarks/benchmark_memory.py`
+much memory that saves depends on the machine and XLA's version: `tools/benchmark_memory.py`
 reports it (XLA's own count of a compiled train step's bytes, with and without remat)."""
 import os
 
@@ -44,7 +44,7 @@ def test_remat_reruns_each_block_in_the_backward_pass(monkeypatch):
     """With remat each block runs twice per gradient, once forward and once again in the
     backward pass (which is what lowers the memory: only its input is kept in between); without,
     once. The memory itself is a figure of the machine and of XLA's version
-    (benchmarks/benchmark_memory.py)."""
+    (tools/benchmark_memory.py)."""
     from tfgpt2.model import Block
     runs, call = [], Block.call
 

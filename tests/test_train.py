@@ -175,7 +175,7 @@ def test_accumulation_loops_over_micro_batches_into_one_set_of_sums(micro_dir):
     4 x 128 tokens, 0.4 GB more peak memory); with it, the loop adds each micro-batch's
     gradients to one set of variables and carries only scalars and the tokens (carried sums
     held 3.5 sets of gradients more, not 1.3). The peaks are figures of
-    `benchmarks/benchmark_memory.py`; the graph is what this test reads."""
+    `tools/benchmark_memory.py`; the graph is what this test reads."""
     tokens = tf.constant(random_ids(4 * 9).reshape(4, 9), tf.int32)
     for accumulate in (1, 2):
         trainer = Trainer(tfgpt2.load_model(micro_dir), make_optimizer("adam", 1e-3), accumulate=accumulate,

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""`tfgpt2 serve` under load: many clients at once against the same requests one after another,
+and against the SavedModel's `generate` signature called from as many threads, in one run.
+
+    tfgpt2 make-checkpoint 124M          # a model folder (random weights run at the same speed)
+    python tools/benchmark_serve.py --model_dir models/124M
+
+One set of `--requests` completions (prompts of `--prompt` tokens, `--new` new tokens, drawn at
+random within those ranges; temperature 1, each its own seed, <|endoftext|> banned so that every
+request makes exactly its tokens) is sent:
+
+- concurrent: by `--clients` clients at once (streamed, each taking the next request when its
+  last is done) to `tfgpt2 serve --max_batch`;
+- sequential: one after another to `tfgpt2 serve --max_batch 1` (a batch of one, so its steps
+  are no wider than one request needs);
+- saved_model: by `--clients` threads at once, each request to the `generate` signature of a
+  SavedModel exported here (batch 1; TF runs the calls concurrently);
+- one_client: one after another to the concurrent server (its `--max_batch` slots): what a
+  client alone gets from a server sized for many.
+
+Each server and the SavedModel run in a child process of their own; every candidate first runs a
+warm-up (compiling its programs: the concurrent server's at every step width too), then `--runs`
+timed passes; the two servers run at once and their passes alternate, so that a change in the
+machine's load falls on both. Per pass: tokens/s (new tokens of all requests over the pass's
+wall time), and for the servers the time to first token (the first streamed chunk) at the median
+and 99th percentile over the requests. Then the concurrent server answers `--rss_requests` tiny
+requests and its resident set is read before and after (growth would show a leak). The report
+(tools/report.py) goes to `--report DIR` as `--name`.json and .md (default serve).
+
+On a GPU (add `--tf32` to let float32 products use TF32 there):
+
+    python tools/benchmark_serve.py --model_dir models/124M --clients 64 --max_batch 64 \
+        --requests 256 --decode_steps 8 --candidates concurrent sequential --rss_requests 0 --name serve-gpu
+"""
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+try:
+    from . import report
+except ImportError:  # run as `python tools/benchmark_serve.py`: this folder is on sys.path
+    import report
+
+EOT = 50256
+CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client"]
+SERVER = {"concurrent": "concurrent", "one_client": "concurrent", "sequential": "sequential"}  # whose server
+MANY = ("concurrent", "saved_model")  # the candidates of --clients clients (the others: one)
+
+
+def workload(n, prompt, new, seed=0):
+    """n requests: (prompt token ids, new tokens, seed)."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, EOT, rng.integers(prompt[0], prompt[1] + 1)).tolist(),
+             int(rng.integers(new[0], new[1] + 1)), i) for i in range(n)]
+
+
+def warm_up(prompt, new):
+    """Requests, to be sent one at a time, that compile every program the workload can need: a
+    prompt of every length a multiple of 8 apart (every prefill chunk size is one), and the
+    shortest and longest with the most new tokens (every attention window)."""
+    lengths = sorted({prompt[0], prompt[1], *range(prompt[0] + 8 - prompt[0] % 8, prompt[1], 8)})
+    return [(list(range(1000, 1000 + n)), new[1] if n in prompt else 2, 100 + i) for i, n in enumerate(lengths)]
+
+
+def warm_up_widths(prompt, new, max_batch):
+    """Groups of requests, each to be sent at once, that compile the decode step at every width
+    above one (`tfgpt2.serve.scheduler.width`: 2, 4, ... max_batch) and every attention window:
+    that many of the shortest prompt with the most new tokens, but the first with 2 new tokens
+    (it ends first: in the pair, the other moves down into its slot, which compiles the move)."""
+    from tfgpt2.serve.scheduler import width
+    widths = sorted({width(n, max_batch) for n in range(2, max_batch + 1)})
+    return [[(list(range(1000, 1000 + prompt[0])), 2 if i == 0 else new[1], 200 + i) for i in range(w)]
+            for w in widths]
+
+
+def body(request, stream=True):
+    ids, new, seed = request
+    return {"model": "bench", "prompt": ids, "max_tokens": new, "temperature": 1.0, "seed": seed, "stream": stream,
+            "logit_bias": {str(EOT): -100}}
+
+
+# ---- the servers ----------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, max_batch):
+    """`tfgpt2 serve` in a child process, once it answers: (process, base URL)."""
+    import httpx
+    port = free_port()
+    command = [sys.executable, "-m", "tfgpt2.cli.main", "serve", "--model_dir", args.model_dir, "--port", str(port),
+               "--served_model_name", "bench", "--max_batch", str(max_batch), "--max_queue", str(args.requests + 64),
+               "--prefill_chunk", str(args.prefill_chunk), "--decode_steps", str(args.decode_steps), "--dtype",
+               args.dtype, "--quiet"] + ["--tf32"] * args.tf32
+    child = subprocess.Popen(command, cwd=report.ROOT, env=dict(os.environ, PYTHONPATH=report.ROOT))
+    url = f"http://127.0.0.1:{port}"
+    while child.poll() is None:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return child, url
+        except httpx.TransportError:
+            time.sleep(0.5)
+    raise RuntimeError(f"tfgpt2 serve exited with {child.returncode}")
+
+
+def stop_server(child):
+    """SIGTERM (a drain): the exit status, 0 when it went as it should."""
+    child.send_signal(signal.SIGTERM)
+    return child.wait(timeout=600)
+
+
+async def one(client, url, request, t0):
+    """A streamed completion: (start, first chunk, end) in seconds since t0, and its new tokens."""
+    start, first = time.perf_counter() - t0, None
+    async with client.stream("POST", url + "/v1/completions", json=body(request)) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {") and first is None:
+                first = time.perf_counter() - t0
+    return start, first, time.perf_counter() - t0, request[1]
+
+
+async def drive(url, requests, clients):
+    """The requests by `clients` clients at once, each taking the next when its last is done:
+    (wall seconds, [(start, first chunk, end, tokens)])."""
+    import httpx
+    queue, results = list(reversed(requests)), []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def worker():
+            while queue:
+                results.append(await one(client, url, queue.pop(), t0))
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return time.perf_counter() - t0, results
+
+
+def figures(wall, records):
+    """A pass's figures from its requests' (start, end, tokens): tokens/s over the pass, and
+    while every client was busy (until the last request started; each request's tokens counted
+    as spread evenly over its time), which leaves out the tail where fewer clients remain."""
+    busy = max(start for start, _, _ in records)
+    during = sum(n * max(0.0, min(end, busy) - start) / (end - start) for start, end, n in records)
+    return {"tokens_per_s": sum(n for _, _, n in records) / wall, "busy_tokens_per_s": during / busy if busy else None}
+
+
+def one_pass(url, requests, clients):
+    """The requests by `clients` clients: `figures` and the time to first token (p50, p99)."""
+    wall, results = asyncio.run(drive(url, requests, clients))
+    firsts = [first - start for start, first, _, _ in results]
+    return dict(figures(wall, [(start, end, n) for start, _, end, n in results]),
+                ttft_p50_s=float(np.percentile(firsts, 50)), ttft_p99_s=float(np.percentile(firsts, 99)))
+
+
+def servers(args, requests):
+    """The server candidates' passes, {name: [per pass]}, and the concurrent server's resident
+    set before and after the tiny requests, with the servers' exit statuses. Both servers run at
+    once (each warmed up first), and their passes alternate, so that a change in the machine's
+    load falls on both."""
+    names = [name for name in args.candidates if name in SERVER]
+    running = {}
+    try:
+        for server in dict.fromkeys(SERVER[name] for name in names):
+            running[server] = start_server(args, args.max_batch if server == "concurrent" else 1)
+            asyncio.run(drive(running[server][1], warm_up(args.prompt, args.new), 1))
+            for group in warm_up_widths(args.prompt, args.new, args.max_batch) if server == "concurrent" else []:
+                asyncio.run(drive(running[server][1], group, len(group)))
+        results = {name: [] for name in names}
+        for _ in range(args.runs):
+            for name in names:
+                results[name].append(one_pass(running[SERVER[name]][1], requests, args.clients if name in MANY else 1))
+        memory = None
+        if "concurrent" in running and args.rss_requests:
+            memory = rss_growth(running["concurrent"][1], running["concurrent"][0].pid, args.rss_requests, args.clients)
+    finally:
+        statuses = [stop_server(child) for child, _ in running.values()]
+    return results, memory, statuses
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def rss_growth(url, pid, count, clients):
+    """The server's resident set (MB) before and after `count` tiny requests (after 200 first)."""
+    tiny = [([1 + i % 5000], 2, i) for i in range(count)]  # one token: nothing to prefill
+    asyncio.run(drive(url, tiny[:200], clients))
+    before = rss_mb(pid)
+    asyncio.run(drive(url, tiny, clients))
+    return before, rss_mb(pid)
+
+
+# ---- the SavedModel, in a child process -----------------------------------------------------
+
+def saved_model_worker(args):
+    """Export (once, into --export_dir), then --runs passes of the workload from --clients threads."""
+    import tensorflow as tf
+    from tfgpt2.formats.saved_model import export_saved_model
+    path = os.path.join(args.export_dir, "1")
+    if not os.path.isdir(path):
+        export_saved_model(args.model_dir, args.export_dir, dtype=args.dtype, tf32=args.tf32)
+    generate = tf.saved_model.load(path).signatures["generate"]
+
+    def call(request):
+        """The seconds of one request."""
+        ids, new, seed = request
+        start, ids = time.perf_counter(), tf.constant([ids], tf.int32)
+        generate(input_ids=ids, attention_mask=tf.ones_like(ids), max_new_tokens=tf.constant(new),
+                 temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(1.0),
+                 seed=tf.constant(seed, tf.int64))["output_ids"].numpy()
+        return time.perf_counter() - start
+
+    def run(requests):
+        queue, done, lock = list(reversed(requests)), [], threading.Lock()
+
+        def worker():
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    request = queue.pop()
+                start = time.perf_counter() - t0
+                done.append((start, start + call(request), request[1]))
+        threads = [threading.Thread(target=worker) for _ in range(args.clients)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return figures(time.perf_counter() - t0, done)
+    requests = workload(args.requests, args.prompt, args.new)
+    run(requests)  # the warm-up: every shape of the workload compiles
+    print(json.dumps([run(requests) for _ in range(args.runs)]))
+
+
+def saved_model(args):
+    with tempfile.TemporaryDirectory(prefix="tfgpt2-serve-bench-") as tmp:
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "--export_dir", os.path.join(tmp, "export"),
+                   *sys_args(args)]
+        done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=report.ROOT))
+    if done.returncode:
+        raise RuntimeError("the SavedModel worker failed: " + done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sys_args(args):
+    return ["--model_dir", args.model_dir, "--requests", str(args.requests), "--clients", str(args.clients),
+            "--runs", str(args.runs), "--dtype", args.dtype, "--prompt", *map(str, args.prompt),
+            "--new", *map(str, args.new)] + ["--tf32"] * args.tf32
+
+
+# ---- the driver ---------------------------------------------------------------------------
+
+COLUMNS = [report.column("candidate", "candidate"), report.column("clients", "clients"),
+           report.column("slots", "slots"), report.column("busy_tokens_per_s", "tokens/s, all clients busy", ".1f"),
+           report.column("busy_vs_sequential", "vs sequential", ".2f"),
+           report.column("tokens_per_s", "tokens/s, whole pass", ".1f"),
+           report.column("vs_sequential", "vs sequential", ".2f"),
+           report.column("ttft_p50_s", "first token p50 s", ".2f"),
+           report.column("ttft_p99_s", "first token p99 s", ".2f")]
+
+
+def rows_of(results, args):
+    """The report's rows from {candidate: [pass figures]}, each figure's spread over the passes
+    and its medians' ratios to the sequential server's."""
+    rows = []
+    for name, passes_ in results.items():
+        row = {"candidate": name, "clients": args.clients if name in MANY else 1,
+               "slots": {"concurrent": args.max_batch, "sequential": 1}.get(SERVER.get(name))}
+        row.update({k: report.spread([p[k] for p in passes_]) for k in passes_[0] if passes_[0][k] is not None})
+        rows.append(row)
+    base = next((r for r in rows if r["candidate"] == "sequential"), {})
+    for row in rows:
+        for key in ("tokens_per_s", "busy_tokens_per_s"):
+            if key in row and key in base:
+                row[key.replace("tokens_per_s", "vs_sequential")] = row[key]["median"] / base[key]["median"]
+    return rows
+
+
+def headlines(rows, args):
+    """The concurrent server's tokens/s while its clients are all busy and over whole passes, as
+    ratios to the sequential server's and the SavedModel's, and its times to first token."""
+    by = {r["candidate"]: r for r in rows}
+    if "concurrent" not in by:
+        return []
+    c, saved = by["concurrent"], by.get("saved_model", {})
+    parts = []
+    for key, what in (("busy_tokens_per_s", "with all clients busy"), ("tokens_per_s", "over whole passes")):
+        if key in c:
+            vs = key.replace("tokens_per_s", "vs_sequential")
+            ratios = [f"{c[vs]:.1f}x one after another"] if vs in c else []
+            ratios += [f"{c[key]['median'] / saved[key]['median']:.1f}x the SavedModel"] if key in saved else []
+            parts.append(f"{c[key]['median']:,.0f} tokens/s {what}" + (f" ({', '.join(ratios)})" if ratios else ""))
+    first = c["ttft_p50_s"]["median"], c["ttft_p99_s"]["median"]
+    figure = ", ".join(parts) + f"; first token p50 {first[0]:.2f} s, p99 {first[1]:.2f} s"
+    found = [{"what": f"tfgpt2 serve, {args.clients} clients, {args.max_batch} slots", "figure": figure}]
+    one = by.get("one_client", {})
+    if "vs_sequential" in one:
+        found.append({"what": f"tfgpt2 serve, 1 client, {args.max_batch} slots", "figure": (
+            f"{one['tokens_per_s']['median']:,.0f} tokens/s, {one['vs_sequential']:.2f}x a 1-slot server")})
+    return found
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
+    parser.add_argument("--candidates", nargs="+", default=CANDIDATES, choices=CANDIDATES)
+    parser.add_argument("--clients", type=int, default=16, help="clients at once (and SavedModel threads)")
+    parser.add_argument("--max_batch", type=int, default=16, help="the concurrent server's slots")
+    parser.add_argument("--requests", type=int, default=64, help="requests per pass")
+    parser.add_argument("--prompt", type=int, nargs=2, default=[8, 64], metavar=("MIN", "MAX"), help="prompt tokens")
+    parser.add_argument("--new", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"), help="new tokens")
+    parser.add_argument("--runs", type=int, default=2, help="timed passes per candidate")
+    parser.add_argument("--prefill_chunk", type=int, default=64, help="the servers' --prefill_chunk")
+    parser.add_argument("--decode_steps", type=int, default=1, help="the servers' --decode_steps (8 on a GPU)")
+    parser.add_argument("--dtype", default="float32", help="the model's Keras dtype policy")
+    parser.add_argument("--tf32", action="store_true", help="float32 products in TF32 where the GPU has it")
+    parser.add_argument("--rss_requests", type=int, default=2000, help="tiny requests for the memory check (0: none)")
+    report.add_arguments(parser, "serve")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--export_dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return saved_model_worker(args)
+    requests = workload(args.requests, args.prompt, args.new)
+    print("measuring the servers ...", file=sys.stderr, flush=True)
+    results, memory, statuses = servers(args, requests)
+    if "saved_model" in args.candidates:
+        print("measuring the SavedModel ...", file=sys.stderr, flush=True)
+        results["saved_model"] = saved_model(args)
+    rows = rows_of(results, args)
+    notes = [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
+             f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned. Tokens/s with all "
+             f"clients busy: until the last request of a pass starts (each request's tokens spread evenly over its "
+             f"time), which leaves out the tail where fewer clients remain; whole pass: all new tokens over the pass's "
+             f"wall time. First token: the first streamed chunk of each request. "
+             f"Median (range) over {args.runs} passes after a warm-up; the candidates' passes alternate (one_client's on "
+             f"the concurrent server). Servers: "
+             f"--prefill_chunk {args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}"
+             f"{' (TF32 products)' if args.tf32 else ''}; each server and "
+             f"the SavedModel in a process of its own; clients over HTTP on the same machine."]
+    if memory:
+        notes.append(f"Memory: the concurrent server's resident set was {memory[0]:,.0f} MB after 200 tiny requests "
+                     f"and {memory[1]:,.0f} MB after {args.rss_requests} more ({memory[1] - memory[0]:+,.0f} MB).")
+    if any(statuses):
+        notes.append(f"A server did not drain cleanly on SIGTERM: exit statuses {statuses}.")
+    settings = {k: getattr(args, k) for k in ("model_dir", "candidates", "clients", "max_batch", "requests", "prompt",
+                                              "new", "runs", "prefill_chunk", "decode_steps", "dtype", "tf32",
+                                              "rss_requests")}
+    settings["rss_mb"] = memory
+    report.publish(args, "Serving under load", [report.table(COLUMNS, rows)], tool=__file__, argv=argv,
+                   settings=settings, notes=notes, headlines=headlines(rows, args))
+    return 1 if any(statuses) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Where the time of an XLA-compiled step goes: each compiled operation's time, from
+TensorFlow's profiler, summed by what the operation does.
+
+    python tools/profile_xla.py --model_dir models/124M generate --batch 8 --length 160
+    python tools/profile_xla.py --model_dir models/124M train --batch 4 --length 128
+
+`generate` profiles one `generate` call of `--length` new tokens after a 1-token prompt, per
+generated token; `train` profiles `--steps` Adam steps of `tfgpt2.train.Trainer`, per step
+(each after a warm-up call that compiles). XLA runs the operations of a program one after
+another, each spread over the cores inside, except where independent ones overlap, so their
+times add up to about the wall time. Each operation is put in a group by the TensorFlow
+op it came from (its name in XLA's optimized HLO, written with `--xla_dump_to`): the block
+weights' products, attention's products, the output layer's products (with `wte`), the
+optimizer's update, and the rest (norms, GELU, softmax, sampling, cache writes). The report
+(tools/report.py: the groups, and the longest operations) goes to `--report DIR` as
+`--name`.json and .md (default profile-<mode>).
+"""
+import argparse
+import collections
+import glob
+import os
+import re
+import shutil
+import tempfile
+import time
+
+try:
+    from . import report
+except ImportError:  # run as `python tools/profile_xla.py`: this folder is on sys.path
+    import report
+
+GROUPS = ("block weights", "attention", "output layer", "optimizer", "other")
+
+
+def group_of(op_type, op_name):
+    """The group of an HLO instruction from its TensorFlow op's type and name."""
+    product = op_type in ("MatMul", "BatchMatMulV2", "Einsum", "XlaDot", "XlaDotV2")
+    if re.search(r"Adam|optimizer|AssignVariableOp|AssignSubVariableOp|AssignAddVariableOp", op_name + op_type):
+        return "optimizer"
+    if product and re.search(r"/(c_attn|c_proj|c_fc)", op_name):
+        return "block weights"
+    if product and "/attn" in op_name:
+        return "attention"
+    if product:
+        return "output layer"
+    return "other"
+
+
+def hlo_groups(dump_dir):
+    """{instruction name: group} over the optimized HLO modules XLA wrote to dump_dir (an
+    instruction without a TensorFlow op, such as a copy XLA added, is in "other", except
+    batched products)."""
+    groups = {}
+    instruction = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = ')
+    op = re.compile(r'metadata=\{op_type="([^"]*)" op_name="([^"]*)"')
+    for path in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")):
+        with open(path) as f:
+            for line in f:
+                m = instruction.match(line)
+                if m:
+                    tf_op = op.search(line)
+                    if tf_op:
+                        groups[m.group(1)] = group_of(*tf_op.groups())
+                    else:  # XLA's own; a batched product it rewrote (attention's, at one row) has no op
+                        groups[m.group(1)] = "attention" if " dot(" in line and "lhs_batch_dims" in line else "other"
+    return groups
+
+
+def op_times(logdir):
+    """{operation name: seconds} over the XLA operations the profiler recorded under logdir,
+    each without the time of operations nested in it (a loop's or a conditional's body).
+    An operation is an event with an `hlo_op` stat, on whichever thread ran it: XLA's thread
+    pool, or the calling thread (which runs whole programs when the cores are busy)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    times = collections.Counter()
+    for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+        for plane in space.planes:
+            names = {k: v.name for k, v in plane.event_metadata.items()}
+            hlo_op = {k for k, v in plane.stat_metadata.items() if v.name == "hlo_op"}
+            for line in plane.lines:
+                open_events = []  # (end, name) of the operations enclosing the current one
+                for event in sorted(line.events, key=lambda e: (e.offset_ps, -e.duration_ps)):
+                    if not any(stat.metadata_id in hlo_op for stat in event.stats):
+                        continue
+                    name = names.get(event.metadata_id, "")
+                    while open_events and open_events[-1][0] <= event.offset_ps:
+                        open_events.pop()
+                    if open_events:
+                        times[open_events[-1][1]] -= event.duration_ps / 1e12
+                    times[name] += event.duration_ps / 1e12
+                    open_events.append((event.offset_ps + event.duration_ps, name))
+    return times
+
+
+def profiled(run, units, warmup=1):
+    """Runs `run()` `warmup` times, then once under the profiler. Returns (wall seconds per
+    unit, {operation: seconds per unit})."""
+    import tensorflow as tf
+    for _ in range(warmup):
+        run()
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        start = time.perf_counter()
+        run()
+        wall = time.perf_counter() - start
+        tf.profiler.experimental.stop()
+        times = op_times(logdir)
+    return wall / units, {k: v / units for k, v in times.items()}
+
+
+def generate_run(model, args):
+    from tfgpt2.sample import generate
+    prompts = [[1]] * args.batch
+    return lambda: generate(model, prompts, args.length, seed=0), args.length
+
+
+def train_run(model, args):
+    import numpy as np
+    import tensorflow as tf
+    from tfgpt2.train.optimizers import make_optimizer
+    from tfgpt2.train.step import Trainer
+    trainer = Trainer(model, make_optimizer("adam", 2e-5))
+    rng = np.random.default_rng(0)
+    batches = [tf.constant(rng.integers(0, model.hparams.n_vocab, [args.batch, args.length + 1]), tf.int32)
+               for _ in range(args.steps)]
+
+    def run():
+        for batch in batches:
+            float(trainer.step(batch))
+    return run, args.steps
+
+
+GROUP_COLUMNS = [report.column("group", "group"), report.column("ms", "ms", ".3f"),
+                 report.column("share", "share", ".0%")]
+OP_COLUMNS = [report.column("operation", "operation"), report.column("group", "group"),
+              report.column("ms", "ms", ".2f")]
+
+
+def summary(wall, times, groups, top=12):
+    """(facts, group rows, longest operations' rows), times in ms per unit."""
+    by_group = collections.Counter()
+    for name, seconds in times.items():
+        by_group[groups.get(name, "other")] += seconds
+    total = sum(by_group.values())
+    if not total:
+        raise SystemExit("the profiler recorded no XLA operations (is this TensorFlow's profiler working?)")
+    unmatched = sum(s for n, s in times.items() if n not in groups)
+    facts = {"wall_ms": wall * 1e3, "operations_ms": total * 1e3, "unmatched_ms": unmatched * 1e3}
+    group_rows = [{"group": g, "ms": by_group[g] * 1e3, "share": by_group[g] / total} for g in GROUPS]
+    op_rows = [{"operation": name, "group": groups.get(name, "other"), "ms": seconds * 1e3}
+               for name, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:top]]
+    return facts, group_rows, op_rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_dir", default="models/124M")
+    p.add_argument("mode", choices=("generate", "train"))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--length", type=int, default=160, help="new tokens (generate) or predicted tokens per row (train)")
+    p.add_argument("--steps", type=int, default=3, help="train: steps profiled")
+    report.add_arguments(p, "profile-<mode>")
+    args = p.parse_args(argv)
+    args.name = args.name.replace("<mode>", args.mode)
+    dump_dir = tempfile.mkdtemp(prefix="profile_xla_")
+    try:
+        wall, times, groups = run_profile(args, dump_dir)
+    finally:
+        shutil.rmtree(dump_dir, ignore_errors=True)
+    facts, group_rows, op_rows = summary(wall, times, groups)
+    unit = "generated token (the whole batch's step)" if args.mode == "generate" else "training step"
+    what = (f"generating {args.length} tokens at batch {args.batch}" if args.mode == "generate" else
+            f"{args.steps} Adam steps on {args.batch} x {args.length} tokens")
+    notes = [f"One profiled call ({what}) after a warm-up one; ms per {unit}. Wall {facts['wall_ms']:.1f} ms; "
+             f"XLA operations {facts['operations_ms']:.1f} ms, of which {facts['unmatched_ms']:.1f} ms not "
+             f"found in the HLO dump (counted as other)."]
+    settings = {k: getattr(args, k) for k in ("model_dir", "mode", "batch", "length", "steps")}
+    settings.update(facts)
+    report.publish(args, f"Where the time goes: {args.mode}", [report.table(GROUP_COLUMNS, group_rows, "By group"),
+                   report.table(OP_COLUMNS, op_rows, "Longest operations")], tool=__file__, argv=argv,
+                   settings=settings, notes=notes)
+
+
+def run_profile(args, dump_dir):
+    """(wall seconds per unit, {operation: seconds per unit}, {operation: group})."""
+    # both read when XLA first compiles: this process's own settings, added to the user's
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_xprof_traceme=true",
+                                                      f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text")))
+    from tfgpt2 import load_model
+    model = load_model(args.model_dir)
+    run, units = (generate_run if args.mode == "generate" else train_run)(model, args)
+    wall, times = profiled(run, units)
+    return wall, times, hlo_groups(dump_dir)
+
+
+if __name__ == "__main__":
+    main()
