@@ -71,6 +71,12 @@ def test_help_subcommand_is_the_commands_help(capsys):
         cli.main(["help", "params"])
     assert exit.value.code == 0
     assert capsys.readouterr().out.startswith("usage: tfgpt2 params ")
+    with pytest.raises(SystemExit) as exit:  # as `python -m tfgpt2` calls it
+        cli.main(["help", "params"], prog="python -m tfgpt2")
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: python -m tfgpt2 params ")
+    assert cli.main(["--help"], prog="python -m tfgpt2") == 0
+    assert capsys.readouterr().out.startswith("usage: python -m tfgpt2 <command> [options]")
 
 
 def test_progress_notes_and_bars_are_off_with_quiet(capsys):

@@ -1,5 +1,5 @@
 """The forks' data: text/folder/glob/.npz chunks, --combine, windows inside chunks drawn from
-(seed, step), a held-out validation part, and `python -m tfgpt2.encode`."""
+(seed, step), a held-out validation part, and `tfgpt2 encode`."""
 import numpy as np
 import pytest
 import tensorflow as tf

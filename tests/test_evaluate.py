@@ -1,4 +1,4 @@
-"""`python -m tfgpt2.evaluate`: strided windows that score each token once, against the mean
+"""`tfgpt2 evaluate`: strided windows that score each token once, against the mean
 loss of OpenAI's graph over the same windows."""
 import math
 

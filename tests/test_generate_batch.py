@@ -1,4 +1,4 @@
-"""Bulk generation (`python -m tfgpt2.generate_batch`) on the tiny model (n_ctx 64)."""
+"""Bulk generation (`python -m tfgpt2 generate-batch`) on the tiny model (n_ctx 64)."""
 import json
 import os
 import signal
@@ -101,7 +101,7 @@ def test_batches_hold_one_length_bucket_each(tiny_dir, tmp_path):
 def test_killed_run_resumed_has_every_line_once_and_the_same_text(tiny_dir, tmp_path, sampled, model):
     src, args, full = sampled
     out = tmp_path / "out.jsonl"
-    child = subprocess.Popen([sys.executable, "-m", "tfgpt2.generate_batch", *flags(tiny_dir, src, out, *args)],
+    child = subprocess.Popen([sys.executable, "-m", "tfgpt2", "generate-batch", *flags(tiny_dir, src, out, *args)],
                              cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
     while child.poll() is None and (not out.exists() or out.read_bytes().count(b"\n") < 20):
         time.sleep(0.002)
@@ -139,7 +139,7 @@ def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
 def test_two_workers_give_the_rows_of_one_process(tiny_dir, tmp_path, sampled):
     src, args, full = sampled
     out = tmp_path / "out.jsonl"
-    done = subprocess.run([sys.executable, "-m", "tfgpt2.generate_batch", *flags(tiny_dir, src, out, *args),
+    done = subprocess.run([sys.executable, "-m", "tfgpt2", "generate-batch", *flags(tiny_dir, src, out, *args),
                            "--workers", "2"], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "worker 0/2:" in done.stderr and "worker 1/2:" in done.stderr

@@ -31,10 +31,14 @@ MACHINERY = ("tfgpt2.decoding", "tfgpt2.train", "tfgpt2.formats", "tfgpt2.cli", 
 FLOORS = (("tfgpt2.hparams", "tfgpt2.encoder"), ("tfgpt2.model",), ("tfgpt2.decoding",), ("tfgpt2.sample",),
           ("tfgpt2.formats",), ("tfgpt2.train",), ("tfgpt2.serve", "tfgpt2.bulk"), ("tfgpt2.testing",),
           ("tfgpt2.cli",))
-# Above every floor: the package's face and the `python -m tfgpt2.<script>` entry points (each
-# `__main__` too), which run a command of cli/.
-ENTRY_POINTS = {"tfgpt2", "tfgpt2.encode", "tfgpt2.evaluate", "tfgpt2.generate_batch", "tfgpt2.params",
-                "tfgpt2.generate_unconditional_samples", "tfgpt2.interactive_conditional_samples"}
+# Above every floor: the package's face and the `python -m` entry points (each `__main__` too:
+# `python -m tfgpt2 <command>`, `python -m tfgpt2.train`), which run a command of cli/.
+ENTRY_POINTS = {"tfgpt2", "tfgpt2.generate_unconditional_samples", "tfgpt2.interactive_conditional_samples"}
+# What a user runs with `python -m` (the README names each); the package's own children
+# (`python -m tfgpt2.cli.main`, the reference's child process) aside.
+PYTHON_M = {"tfgpt2", "tfgpt2.generate_unconditional_samples", "tfgpt2.interactive_conditional_samples",
+            "tfgpt2.train"}
+PYTHON_M_INTERNAL = {"tfgpt2.cli.main", "tfgpt2.testing.reference"}
 
 
 def module_name(path, root=ROOT):
@@ -152,7 +156,7 @@ def test_the_graph_sees_the_packages_imports(graph):
     assert "tfgpt2.decoding.layouts" in {t for t, _ in graph["tfgpt2.decoding.generator"]}  # from . import layouts
     assert "tfgpt2.model" in {t for t, _ in graph["tfgpt2.decoding.cache"]}  # from ..model import ...
     assert "tfgpt2.sample" in {t for t, _ in graph["tfgpt2.cli.common"]}  # inside a function
-    assert "tfgpt2.cli.main" in {t for t, _ in graph["tfgpt2.params"]}  # under __main__, absolute
+    assert "tfgpt2.cli.main" in {t for t, _ in graph["tfgpt2.__main__"]}  # under __main__, absolute
     assert {"tfgpt2", "tfgpt2.model", "tfgpt2.sample", "tfgpt2.decoding.generator", "tfgpt2.cli.main"} <= set(graph)
 
 
@@ -184,6 +188,24 @@ def test_module_names_in_strings_name_modules_that_exist():
     missing = [(name, line, text) for name, path in found.items() for line, text in module_strings(path)
                if text not in found]
     assert not missing, missing
+
+
+def runnable(path):
+    """Whether `python -m` runs the module: a `__main__.py`, or an `if __name__ == "__main__":`."""
+    if path.name == "__main__.py":
+        return True
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+               for node in ast.parse(path.read_text()).body)
+
+
+def test_the_python_m_names_are_the_readmes():
+    """`python -m tfgpt2 <command>`, OpenAI's two sample scripts and the forks' train: no other
+    stand-in at the package's root, and the README names each."""
+    found = {name.removesuffix(".__main__") for name, path in modules().items() if runnable(path)}
+    assert found - PYTHON_M_INTERNAL == PYTHON_M
+    readme = (ROOT / "README.md").read_text()
+    assert not [name for name in PYTHON_M if f"python -m {name}" not in readme]
 
 
 def test_every_command_has_its_module():
@@ -248,7 +270,8 @@ def test_the_floor_check_finds_imports_up():
     decoding; not an import down, across one floor, or from an entry point."""
     edges = {"tfgpt2.hparams": ["tfgpt2.formats.files", "tfgpt2.encoder"], "tfgpt2.train.flags": ["tfgpt2.cli.args"],
              "tfgpt2.gradients": ["tfgpt2.model", "tfgpt2.decoding.cache"], "tfgpt2.cli.train": ["tfgpt2.train.config"],
-             "tfgpt2.train.__main__": ["tfgpt2.cli.main"], "tfgpt2.params": ["tfgpt2.cli.main"],
+             "tfgpt2.train.__main__": ["tfgpt2.cli.main"],
+             "tfgpt2.generate_unconditional_samples": ["tfgpt2.cli.main"],
              "tfgpt2.serve.app": ["tfgpt2.bulk.plan", "tfgpt2.decoding.plan", "numpy"]}
     graph = {m: {(t, i + 1) for i, t in enumerate(ts)} for m, ts in edges.items()}
     assert imports_up(graph) == [("tfgpt2.gradients", 2, "tfgpt2.decoding.cache"),

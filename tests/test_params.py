@@ -33,7 +33,7 @@ def test_built_124m_model_counts_shared_variable_once():
 
 
 def test_cli_prints_breakdown(tiny_dir, capsys):
-    """`tfgpt2 params` (`python -m tfgpt2.params` runs the same `main`: tests/test_scripts.py)."""
+    """`tfgpt2 params` (`python -m tfgpt2 params` runs the same `main`)."""
     assert params_cli.main(["--model_name", "124M"]) == 0
     out = capsys.readouterr().out
     assert "38,597,376" in out and "124,439,808" in out and "163,037,184" in out

@@ -6,7 +6,7 @@
     tfgpt2 generate-batch --engine beam --model_dir gs://bucket/124M --input gs://bucket/in.jsonl \
         --output gs://bucket/out/rows --length 40 -- --runner DataflowRunner --project P --region R ...
 
-(also `python -m tfgpt2.generate_batch`, with the same flags)
+(also `python -m tfgpt2 generate-batch`, with the same flags)
 
 Each input line is a JSON object with a "prompt" (text; other keys are ignored, blank lines
 skipped). Each output line is a JSON object {"line", "prompt", "text", "tokens"}: the input's
@@ -134,10 +134,10 @@ def keywords(args, enc):
 def worker_command():
     """How a worker is started: as `tfgpt2 generate-batch` through the console script's module,
     which keeps TensorFlow's start-up lines off the terminal, where it is importable (else
-    `python -m tfgpt2.generate_batch`)."""
+    `python -m tfgpt2 generate-batch`)."""
     if importlib.util.find_spec("tfgpt2_cli") is not None:
         return [sys.executable, "-m", "tfgpt2_cli", "generate-batch"]
-    return [sys.executable, "-m", "tfgpt2.generate_batch"]
+    return [sys.executable, "-m", "tfgpt2", "generate-batch"]
 
 
 def main(argv=None, model=None, prog="tfgpt2 generate-batch"):

@@ -2,7 +2,8 @@
 
 The `tfgpt2` console script is `tfgpt2_cli.main` (a top-level module beside the package): it
 hides TensorFlow's start-up lines while it imports TensorFlow and tfgpt2, then calls `main`
-here. `run_command` also serves the `python -m tfgpt2.<script>` entry points."""
+here; `python -m tfgpt2` (tfgpt2/__main__.py) calls it too. `run_command` also serves the `python -m`
+names of OpenAI's sample scripts and the forks' train.py."""
 import importlib
 import logging
 import os
@@ -46,10 +47,10 @@ def quiet():
     logging.getLogger("tensorflow").addFilter(_ExpectedRetracing())
 
 
-def usage():
+def usage(prog="tfgpt2"):
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help}" for name, help in COMMANDS.items()]
-    return ("usage: tfgpt2 <command> [options]   (tfgpt2 <command> --help for its options and examples)\n\n"
+    return (f"usage: {prog} <command> [options]   ({prog} <command> --help for its options and examples)\n\n"
             "OpenAI's GPT-2 in TensorFlow 2 / Keras 3.\n\ncommands:\n" + "\n".join(lines) + "\n\n"
             "Every command takes --quiet (no progress on stderr, only results and errors).\n"
             "For example:\n"
@@ -73,21 +74,22 @@ def run_command(name, argv=None, *, prog=None):
     sys.exit(status)
 
 
-def main(argv=None):
+def main(argv=None, prog="tfgpt2"):
+    """`prog <command> ...` (`prog`: how the user called it, for usage lines)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["help"] and argv[1:2] and argv[1] in COMMANDS:  # tfgpt2 help <command>
         argv = [argv[1], "--help"]
     if not argv or argv[0] in ("-h", "--help", "help"):
-        (sys.stdout if argv else sys.stderr).write(usage())
+        (sys.stdout if argv else sys.stderr).write(usage(prog))
         return 0 if argv else 2
     if argv[0] == "--version":
         from importlib.metadata import version
         print(f"tfgpt2 {version('tfgpt2')}")
         return 0
     if argv[0] not in COMMANDS:
-        sys.stderr.write(f"tfgpt2: unknown command {argv[0]!r}\n\n" + usage())
+        sys.stderr.write(f"{prog}: unknown command {argv[0]!r}\n\n" + usage(prog))
         return 2
-    run_command(argv[0], argv[1:])
+    run_command(argv[0], argv[1:], prog=f"{prog} {argv[0]}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 windows drawn from them at random, never across a chunk's end.
 
 A dataset is a text file, a folder (every file under it), a glob, or an `.npz` of chunks as
-`python -m tfgpt2.encode` (and the forks' `encode.py`) writes them: `np.savez_compressed`
+`tfgpt2 encode` (as the forks' `encode.py`) writes them: `np.savez_compressed`
 with arrays `arr_0`, `arr_1`, ... Text files are joined with `<|endoftext|>` until at least
 `combine` characters, then encoded as one chunk; a literal `<|endoftext|>` in a text is the
 end-of-text token.
