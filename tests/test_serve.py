@@ -1,8 +1,12 @@
-"""`tfgpt2 serve` (`tfgpt2.serve`) driven with the official `openai` client: one server for the
-module, a child process on the tiny model (n_ctx 64) with 4 slots, whose answers are held to
-`tfgpt2.generate` on each prompt alone (in this process), the text streams to the one-shot
-decoding of their tokens, and log-probabilities to NumPy's over the model's logits. The last
-test drains the server with SIGTERM. `TextStream` is checked alone first (no TensorFlow)."""
+"""`tfgpt2 serve` (`tfgpt2.serve`) driven with the official `openai` client and plain HTTP: one
+server for the module, a child process on the tiny model (n_ctx 64) with 4 slots and an API key,
+whose answers are held to `tfgpt2.generate` on each prompt alone (in this process), the text
+streams to the one-shot decoding of their tokens, and log-probabilities to NumPy's over the
+model's logits; hostile and slow clients meet its limits while it serves others. The SIGTERM
+test ends the server (a test after it starts another: any order passes). `TextStream` is
+checked alone first (no TensorFlow)."""
+import asyncio
+import collections
 import concurrent.futures
 import json
 import os
@@ -12,7 +16,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
+from unittest import mock
 
 import httpx
 import numpy as np
@@ -94,44 +101,113 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
-    """`tfgpt2 serve` on the tiny model in a child process: (base URL, process)."""
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    log = open(tmp_path_factory.mktemp("serve") / "stderr", "w+")
-    child = subprocess.Popen([sys.executable, "-m", "tfgpt2.cli.main", "serve", "--model_dir", tiny_dir, "--port",
-                              str(port), "--max_batch", str(SLOTS), "--max_queue", str(QUEUE), "--prefill_chunk",
-                              "16", "--quiet"], cwd=ROOT, env=env, stderr=log, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and child.poll() is None:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-    if child.poll() is not None:
-        log.seek(0)
-        pytest.fail(f"the server exited with {child.returncode}: {log.read()[-3000:]}")
-    yield url, child
-    if child.poll() is None:
+KEY = "tfgpt2-test-key"  # the server's API key, given in its environment (TFGPT2_API_KEY), not its command line
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LIMIT, TIMEOUT, DRAIN = 1_000_000, 3, 5  # the server's --max_body_bytes, --request_timeout, --drain_timeout
+EOT_BANNED = {str(ENCODER.eot_token): -100}
+LONG = dict(model="tiny", prompt=[1], max_tokens=10**6, stream=True, context_keep=32, logit_bias=EOT_BANNED)
+"""A completion that runs until its client leaves or the server cuts it off (a million tokens)."""
+
+Server = collections.namedtuple("Server", "url child log")
+
+
+class Servers:
+    """`tfgpt2 serve` on the tiny model in a child process (4 slots, 12 places in the queue, the
+    limits above), shared by the module's tests; `get` starts another where a test ended it
+    (the SIGTERM test), so that the tests pass in any order."""
+
+    def __init__(self, model_dir, folder):
+        self.model_dir, self.folder, self.current = model_dir, folder, None
+
+    def get(self):
+        if self.current is None or self.current.child.poll() is not None:
+            self.stop()
+            self.current = self._start()
+        return self.current
+
+    def _start(self):
+        port, log = free_port(), self.folder / f"stderr-{time.monotonic_ns()}"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", TFGPT2_API_KEY=KEY)
+        flags = dict(model_dir=self.model_dir, port=port, max_batch=SLOTS, max_queue=QUEUE, prefill_chunk=16,
+                     max_body_bytes=LIMIT, request_timeout=TIMEOUT, drain_timeout=DRAIN)
+        with open(log, "w") as stderr:
+            child = subprocess.Popen([sys.executable, "-m", "tfgpt2.cli.main", "serve", "--quiet"] + [
+                f"--{k}={v}" for k, v in flags.items()], cwd=ROOT, env=env, stderr=stderr, text=True)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and child.poll() is None:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    return Server(url, child, log)
+            except httpx.TransportError:
+                time.sleep(0.2)
         child.kill()
-    child.wait()
-    log.seek(0)
-    sys.stderr.write(log.read()[-5000:])
-    log.close()
+        pytest.fail(f"the server did not answer /health (exit status {child.wait()}): {log.read_text()[-3000:]}")
+
+    def stop(self):
+        if self.current is not None:
+            if self.current.child.poll() is None:
+                self.current.child.kill()
+            self.current.child.wait()
+            sys.stderr.write(self.current.log.read_text()[-5000:])
+            self.current = None
 
 
 @pytest.fixture(scope="module")
+def servers(tiny_dir, tmp_path_factory):
+    started = Servers(tiny_dir, tmp_path_factory.mktemp("serve"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def server(servers):
+    """The module's server, running: (base URL, process, the path of its stderr)."""
+    return servers.get()
+
+
+@pytest.fixture
 def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir):
     from tfgpt2.formats.checkpoint import load_model
     return load_model(tiny_dir)
+
+
+class Reader(threading.Thread):
+    """A streamed completion read in a thread: each `data:` line with the time it arrived
+    (`lines`), `first` set at the first; `close` leaves (the client disconnects)."""
+
+    def __init__(self, url, body):
+        super().__init__(daemon=True)
+        self.url, self.body, self.lines = url, body, []
+        self.first, self.leave = threading.Event(), threading.Event()
+        self.start()
+
+    def run(self):
+        with httpx.stream("POST", self.url + "/v1/completions", json=self.body, headers=AUTH, timeout=120) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: "):
+                    self.lines.append((time.monotonic(), line))
+                    self.first.set()
+                if self.leave.is_set():
+                    return
+
+    def close(self):
+        self.leave.set()
+        self.join(timeout=120)
+        assert not self.is_alive()
+
+
+def until(condition, timeout=60):
+    """Wait until `condition()` holds (checked every 20 ms), at most `timeout` seconds; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
 
 
 def alone(model, prompt, length=NEW, **kwargs):
@@ -155,8 +231,14 @@ def streamed(client, **request):
 
 @pytest.mark.slow
 def test_models_and_health(server, client):
+    """The model's list and object (`client.models.retrieve`), another id a 404; /health needs
+    no key."""
     assert [m.id for m in client.models.list().data] == ["tiny"]
-    assert httpx.get(server[0] + "/health").status_code == 200
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4")
+    assert caught.value.code == "model_not_found" and caught.value.param == "model"
+    assert httpx.get(server.url + "/health").status_code == 200
 
 
 @pytest.mark.slow
@@ -357,72 +439,151 @@ def test_logprobs_are_the_models(client, tiny):
 
 
 OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "best_of"}
-BAD = [  # (request fields, status, the message's words)
-    (dict(model="nope"), 404, "`nope` does not exist"),
-    (dict(max_token=5), 400, "unknown field 'max_token'"),
-    (dict(prompt=[50257]), 400, r"prompt 0: token ids must be in \[0, n_vocab=50257\), got \[50257\]"),
-    (dict(prompt=[[1, 2], [-1]]), 400, r"prompt 1: token ids must be in \[0, n_vocab=50257\), got \[-1\]"),
+                 "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "best_of",
+                 "suffix"}
+BAD = [  # (request fields, status, the message's words, the field it names)
+    (dict(model="nope"), 404, "`nope` does not exist", "model"),
+    (dict(max_token=5), 400, "unknown field 'max_token'", "max_token"),
+    (dict(prompt=[50257]), 400, r"prompt 0: token ids must be in \[0, n_vocab=50257\), got \[50257\]", "prompt"),
+    (dict(prompt=[[1, 2], [-1]]), 400, r"prompt 1: token ids must be in \[0, n_vocab=50257\), got \[-1\]", "prompt"),
     (dict(prompt=[1] * 60, max_tokens=10), 400, "prompt of 60 tokens \\+ max_tokens 10 - 1 exceeds the context window "
-                                                "n_ctx=64"),
-    (dict(prompt=""), 400, "every prompt needs at least one token"),
-    (dict(prompt=[1.5]), 400, "must be a string or a list of token ids"),
-    (dict(max_tokens=0), 400, r"max_tokens must be an integer in \[1, 2\*\*31\), got 0"),
-    (dict(max_tokens="ten"), 400, r"max_tokens must be an integer in \[1, 2\*\*31\), got 'ten'"),
-    (dict(temperature=-1), 400, "temperature must be a finite number >= 0"),
-    (dict(top_p=1.5), 400, r"top_p must be a number in \[0, 1\]"),
-    (dict(top_k=-1), 400, r"top_k must be an integer in \[0, 2\*\*31\), got -1"),
-    (dict(min_p=2), 400, r"min_p must be a number in \[0, 1\]"),
-    (dict(presence_penalty=-1), 400, "presence_penalty must be a finite number >= 0"),
-    (dict(repetition_penalty=0), 400, "repetition_penalty must be a finite number > 0"),
-    (dict(logit_bias={"x": 1}), 400, "logit_bias keys must be token ids"),
-    (dict(logit_bias={"50257": 1}), 400, r"logit_bias token must be a token id in \[0, n_vocab=50257\), got 50257"),
-    (dict(logprobs=6), 400, r"logprobs must be an integer in \[0, 6\), got 6"),
-    (dict(stop=["a", "b", "c", "d", "e"]), 400, "at most 4"),
-    (dict(n=0), 400, r"n must be an integer in \[1, 2\*\*31\), got 0"),
-    (dict(n=17), 400, "at most 16"),
-    (dict(seed=-1), 400, r"seed must be an integer in \[0, 2\*\*63\), got -1"),
-    (dict(echo="yes"), 400, "echo must be true or false"),
-    (dict(stream_options={"include_usage": True}), 400, "only allowed with stream"),
-    (dict(context_keep=64), 400, r"context_keep must be an integer in \[1, 64\), got 64"),
-    (dict(best_of=3), 400, "not supported"),
+                                                "n_ctx=64", "prompt"),
+    (dict(prompt=""), 400, "every prompt needs at least one token", "prompt"),
+    (dict(prompt=[1.5]), 400, "must be a string or a list of token ids", "prompt"),
+    (dict(prompt=["a"] * 17), 400, "prompts x n = 17 completions; one request may ask for at most 16", "prompt"),
+    (dict(max_tokens=0), 400, r"max_tokens must be an integer in \[1, 2\*\*31\), got 0", "max_tokens"),
+    (dict(max_tokens="ten"), 400, r"max_tokens must be an integer in \[1, 2\*\*31\), got 'ten'", "max_tokens"),
+    (dict(max_tokens=int("9" * 4000)), 400, r"got 99999999999999999999\.\.\.99999999999999999999$", "max_tokens"),
+    (dict(temperature=-1), 400, "temperature must be a finite number >= 0", "temperature"),
+    (dict(top_p=1.5), 400, r"top_p must be a number in \[0, 1\]", "top_p"),
+    (dict(top_k=-1), 400, r"top_k must be an integer in \[0, 2\*\*31\), got -1", "top_k"),
+    (dict(min_p=2), 400, r"min_p must be a number in \[0, 1\]", "min_p"),
+    (dict(presence_penalty=-1), 400, "presence_penalty must be a finite number >= 0", "presence_penalty"),
+    (dict(repetition_penalty=0), 400, "repetition_penalty must be a finite number > 0", "repetition_penalty"),
+    (dict(logit_bias={"x": 1}), 400, "logit_bias keys must be token ids in decimal digits, got 'x'", "logit_bias"),
+    (dict(logit_bias={"1_000": 1}), 400, "got '1_000'", "logit_bias"),
+    (dict(logit_bias={" 7 ": 1}), 400, "got ' 7 '", "logit_bias"),
+    (dict(logit_bias={"+7": 1}), 400, "got '\\+7'", "logit_bias"),
+    (dict(logit_bias={"\u0663": 1}), 400, "got '\u0663'", "logit_bias"),  # an Arabic-Indic 3, which int() reads
+    (dict(logit_bias={"7" * 5000: 1}), 400, r"got '7{10,20}\.\.\.7{10,20}'$", "logit_bias"),
+    (dict(logit_bias={"50257": 1}), 400, r"logit_bias token must be a token id in \[0, n_vocab=50257\), got 50257",
+     "logit_bias"),
+    (dict(logprobs=6), 400, r"logprobs must be an integer in \[0, 6\), got 6", "logprobs"),
+    (dict(stop=["a", "b", "c", "d", "e"]), 400, "at most 4", "stop"),
+    (dict(n=0), 400, r"n must be an integer in \[1, 2\*\*31\), got 0", "n"),
+    (dict(n=17), 400, "at most 16", "n"),
+    (dict(seed=-1), 400, r"seed must be an integer in \[0, 2\*\*63\), got -1", "seed"),
+    (dict(echo="yes"), 400, "echo must be true or false", "echo"),
+    (dict(stream_options={"include_usage": True}), 400, "only allowed with stream", "stream_options"),
+    (dict(context_keep=64), 400, r"context_keep must be an integer in \[1, 64\), got 64", "context_keep"),
+    (dict(best_of=3), 400, "not supported", "best_of"),
+    (dict(suffix="x"), 400, "not supported", "suffix"),
 ]
 
 
 @pytest.mark.slow
 def test_bad_requests_get_their_status_and_the_server_serves_on(server, client):
-    """Each bad request is answered with OpenAI's error object, its status and the generation
-    rule's message (NaN and a body that is no JSON sent raw); the server still answers after."""
-    for fields, status, words in BAD:
+    """Each bad request is answered with OpenAI's error object, its status, the generation
+    rule's message and the field at fault as `param`; a long value is quoted by a short prefix
+    and suffix, not whole. NaN, a body that is no JSON and a JSON value that is no object are
+    sent raw; the server still answers after."""
+    for fields, status, words, param in BAD:
         known = {k: v for k, v in fields.items() if k in OPENAI_FIELDS}
         request = dict(dict(model="tiny", prompt="Hi", max_tokens=4), **known)
         with pytest.raises(openai.APIStatusError) as caught:
             client.completions.create(**request, extra_body={k: v for k, v in fields.items() if k not in known})
-        assert caught.value.status_code == status and re.search(words, caught.value.message), (fields, caught.value)
-    for body in ('{"model": "tiny", "prompt": "Hi", "temperature": NaN}', '{"model": "tiny", "prompt": '):
-        answer = httpx.post(server[0] + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        error = caught.value
+        assert (error.status_code, error.param) == (status, param) and re.search(words, error.message), (fields, error)
+        assert len(error.message) < 400
+    for body, words in [('{"model": "tiny", "prompt": "Hi", "temperature": NaN}', "temperature must be a finite "
+                         "number >= 0, got nan"), ('{"model": "tiny", "prompt": ', "not valid JSON"),
+                        ('[1, 2]', "must be a JSON object")]:
+        answer = httpx.post(server.url + "/v1/completions", content=body, headers=AUTH)
         assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
-        assert re.search("temperature must be a finite number >= 0, got nan|not valid JSON",
-                         answer.json()["error"]["message"])
+        assert re.search(words, answer.json()["error"]["message"])
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4, temperature=0).choices[0].text
 
 
 @pytest.mark.slow
-def test_a_full_queue_answers_429_with_retry_after(server, client):
-    """With every slot and queue place taken (n=16), the next request gets 429 and Retry-After."""
-    with httpx.stream("POST", server[0] + "/v1/completions", json=BUSY, timeout=120) as busy:
-        lines = busy.iter_lines()
-        next(lines)
-        refused = httpx.post(server[0] + "/v1/completions", json=dict(model="tiny", prompt="Hi", max_tokens=2))
-        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
-        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-        assert sum(1 for line in lines if line.startswith("data: {")) >= 15
-    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices[0].text is not None
+def test_every_route_answers_in_openais_shape(server):
+    """A route or method that does not exist, and FastAPI's own /docs, /redoc and
+    /openapi.json (off), get 404 or 405 with OpenAI's error object."""
+    for method, path, status in [("GET", "/v1/nope", 404), ("POST", "/v1/chat/completions", 404),
+                                 ("GET", "/docs", 404), ("GET", "/redoc", 404), ("GET", "/openapi.json", 404),
+                                 ("GET", "/v1/completions", 405), ("DELETE", "/v1/models", 405)]:
+        answer = httpx.request(method, server.url + path, headers=AUTH)
+        error = answer.json()["error"]
+        assert answer.status_code == status and path in error["message"], (method, path, answer.text)
+        assert set(error) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.slow
+def test_an_api_key_guards_every_route_but_health(server):
+    """Without the key, with another, or not as a Bearer token: 401 and OpenAI's error object
+    (the `openai` client raises AuthenticationError) on every route but /health; with it, 200.
+    The key was given in the environment: the server's command line does not show it."""
+    for key in ("wrong", KEY[:-1], KEY + "x"):
+        with pytest.raises(openai.AuthenticationError) as caught:
+            openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0).models.list()
+        assert caught.value.code == "invalid_api_key"
+    for path in ("/v1/models", "/v1/models/tiny", "/metrics", "/version", "/tokenizer_info", "/nope"):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
+                        {"Authorization": f"Basic {KEY}"}):
+            answer = httpx.get(server.url + path, headers=headers)
+            assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key", (path, headers)
+        assert httpx.get(server.url + path, headers=AUTH).status_code == (404 if path == "/nope" else 200)
+    for path in ("/v1/completions", "/tokenize"):
+        assert httpx.post(server.url + path, json={"model": "tiny", "prompt": "Hi"}).status_code == 401
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert KEY not in open(f"/proc/{server.child.pid}/cmdline").read()
+
+
+def test_public_metrics_and_docs_are_asked_for(tiny):
+    """The app alone (no server process): with `public_metrics` /metrics answers without the
+    key, the other routes still need it; with `docs` FastAPI's pages are served."""
+    from starlette.testclient import TestClient
+    from tfgpt2.sample import choose
+    from tfgpt2.serve.app import create_app
+    from tfgpt2.serve.scheduler import Scheduler
+    scheduler = Scheduler(tiny, choose, max_batch=1, max_queue=0, eot=ENCODER.eot_token)
+    app = create_app(scheduler, model_name="tiny", encoder=ENCODER, hparams=tiny.hparams, api_key=KEY,
+                     public_metrics=True, docs=True)
+    http = TestClient(app)  # no lifespan: the engine thread does not start
+    assert http.get("/metrics").status_code == 200 and http.get("/v1/models").status_code == 401
+    assert http.get("/openapi.json", headers=AUTH).json()["info"]["title"] == "tfgpt2"
+    assert http.get("/docs", headers=AUTH).status_code == 200
+
+
+@pytest.mark.slow
+def test_tokenize_and_detokenize_round_trip(server):
+    """vLLM's /tokenize gives the tokenizer's ids for the prompt (<|endoftext|> the special
+    token), their count and strings (Hugging Face's byte-level ones); /detokenize gives the
+    text back; /tokenizer_info and /version as vLLM shapes them; bad requests get 400s."""
+    def post(path, **body):
+        return httpx.post(server.url + path, json=body, headers=AUTH)
+    for prompt in PROMPTS:
+        ids = ENCODER.encode(prompt, allowed_special="all")
+        answer = post("/tokenize", model="tiny", prompt=prompt, return_token_strs=True).json()
+        assert answer == {"count": len(ids), "max_model_len": 64, "tokens": ids,
+                          "token_strs": [ENCODER.decoder[t] for t in ids]}
+        assert post("/tokenize", prompt=prompt, add_special_tokens=True).json()["token_strs"] is None
+        assert post("/detokenize", model="tiny", tokens=ids).json() == {"prompt": prompt}
+    info = httpx.get(server.url + "/tokenizer_info", headers=AUTH).json()
+    assert info["tokenizer_class"] == "GPT2Tokenizer" and info["eos_token"] == "<|endoftext|>"
+    assert info["model_max_length"] == 64
+    assert httpx.get(server.url + "/version", headers=AUTH).json()["version"]
+    for path, body, param in [("/tokenize", dict(prompt=[1, 2]), "prompt"), ("/tokenize", dict(text="Hi"), "text"),
+                              ("/detokenize", dict(tokens=[50257]), "tokens"), ("/detokenize", dict(tokens=[True]),
+                                                                                "tokens")]:
+        answer = post(path, **body)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (path, body)
+    assert post("/tokenize", model="gpt-4", prompt="Hi").status_code == 404
 
 
 def metric(url, name):
     """A figure of the server's /metrics."""
-    return float(re.search("^" + name + r" (\S+)$", httpx.get(url + "/metrics").text, re.M).group(1))
+    text = httpx.get(url + "/metrics", headers=AUTH).text
+    return float(re.search("^" + name + r" (\S+)$", text, re.M).group(1))
 
 
 def token_ids(logprobs):
@@ -436,7 +597,7 @@ def test_past_n_ctx_with_context_keep_slides(client):
     """A request past n_ctx with context_keep (greedy) is the window's completion (n_ctx + 1 -
     prompt tokens), then the completion of its last context_keep tokens, as `generate` slides."""
     prompt, keep = ENCODER.encode(PROMPTS[0]), 32
-    ask = dict(model="tiny", temperature=0, logprobs=0, logit_bias={str(ENCODER.eot_token): -100})
+    ask = dict(model="tiny", temperature=0, logprobs=0, logit_bias=EOT_BANNED)
     first = token_ids(client.completions.create(prompt=prompt, max_tokens=65 - len(prompt), **ask).choices[0].logprobs)
     rest = token_ids(client.completions.create(prompt=(prompt + first)[-keep:], max_tokens=80 - len(first),
                                                **ask).choices[0].logprobs)
@@ -446,55 +607,181 @@ def test_past_n_ctx_with_context_keep_slides(client):
 
 @pytest.mark.slow
 def test_programs_are_compiled_per_bucket_not_per_request(server, client):
-    """Requests of other prompt lengths, token counts and sampling values within buckets the
-    server has run compile nothing more."""
-    before = metric(server[0], "tfgpt2_compiled_programs")
+    """Once one request has run a bucket (one slot, a prompt chunk of 16, the window of 64),
+    requests of other prompt lengths, token counts and sampling values within it compile
+    nothing more."""
+    client.completions.create(model="tiny", prompt=list(range(100, 104)), max_tokens=4)
+    before = metric(server.url, "tfgpt2_compiled_programs")
     for n, extra in [(3, {}), (5, dict(temperature=0.3, top_p=0.5)), (9, dict(logprobs=2, presence_penalty=1.0))]:
         client.completions.create(model="tiny", prompt=list(range(100, 100 + n)), max_tokens=n, **extra)
-    assert metric(server[0], "tfgpt2_compiled_programs") == before > 0
+    assert metric(server.url, "tfgpt2_compiled_programs") == before > 0
 
 
-BUSY = dict(model="tiny", prompt=[1], n=16, max_tokens=31, stream=True, logit_bias={str(ENCODER.eot_token): -100})
+def log_lines(server, words):
+    """The lines of the server's log that hold `words`; AssertionError if the log holds a traceback."""
+    text = server.log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    return [line for line in text.splitlines() if words in line]
 
 
 @pytest.mark.slow
-def test_a_client_that_disconnects_frees_its_slots(server, client):
-    """A streamed request for 16 completions (4 run, 12 wait) whose client leaves after its
-    first chunk: its slots and queue places free at once, long before its 16 x 31 tokens."""
-    url = server[0]
-    before = metric(url, "tfgpt2_generation_tokens_total")
-    with httpx.stream("POST", url + "/v1/completions", json=BUSY, timeout=120) as stream:
-        lines = stream.iter_lines()
-        next(lines)
-        assert metric(url, "tfgpt2_running") == SLOTS and metric(url, "tfgpt2_queue_depth") == 16 - SLOTS
-    deadline = time.monotonic() + 10
-    while (metric(url, "tfgpt2_running") or metric(url, "tfgpt2_queue_depth")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert metric(url, "tfgpt2_running") == metric(url, "tfgpt2_queue_depth") == 0
-    assert metric(url, "tfgpt2_generation_tokens_total") - before < 16 * 31 / 2
+def test_a_full_server_answers_429_and_a_client_that_leaves_frees_its_slots(server, client):
+    """A streamed request for 16 completions of a million tokens: 4 run, 12 wait, and the next
+    request gets 429 with Retry-After while its stream goes on. Its client leaves: its slots
+    and queue places free (where they would take hours to end), one line of the log says so,
+    no traceback, and the server serves on."""
+    url = server.url
+    busy = Reader(url, dict(LONG, n=16))
+    assert busy.first.wait(120)
+    assert metric(url, "tfgpt2_running") == SLOTS and metric(url, "tfgpt2_queue_depth") == 16 - SLOTS
+    refused = httpx.post(url + "/v1/completions", json=dict(model="tiny", prompt="Hi", max_tokens=2), headers=AUTH)
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    seen = len(busy.lines)
+    assert until(lambda: len(busy.lines) >= seen + 15)
+    busy.close()
+    assert until(lambda: metric(url, "tfgpt2_running") == metric(url, "tfgpt2_queue_depth") == 0)
+    answer_id = json.loads(busy.lines[0][1][6:])["id"]
+    assert until(lambda: log_lines(server, answer_id))
+    assert len(log_lines(server, answer_id)) == 1 and "16 of its 16 completions cancelled" in log_lines(
+        server, answer_id)[0]
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4).usage.completion_tokens >= 1
-    metrics = httpx.get(url + "/metrics").text
+    metrics = httpx.get(url + "/metrics", headers=AUTH).text
     for name in ('tfgpt2_requests_total{status="200"}', 'tfgpt2_requests_total{status="499"}',
-                 'tfgpt2_requests_total{status="400"}', "tfgpt2_time_to_first_token_seconds_count",
+                 'tfgpt2_requests_total{status="429"}', "tfgpt2_time_to_first_token_seconds_count",
                  "tfgpt2_prompt_tokens_total", "tfgpt2_batch_occupancy"):
         assert re.search("^" + re.escape(name) + " [0-9]", metrics, re.M), name
 
 
+def raw(server, data):
+    """Send `data` on a connection of its own; the server's answer, (status, JSON body), once it
+    closes the connection."""
+    with socket.create_connection(("127.0.0.1", urllib.parse.urlsplit(server.url).port), timeout=120) as s:
+        s.sendall(data)
+        received = b""
+        while chunk := s.recv(65536):
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def post_head(length, chunked=False):
+    """The head of a completions request with the key and a body of `length` bytes (or chunked)."""
+    size = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % length
+    return b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n%s\r\n\r\n" % (KEY.encode(), size)
+
+
 @pytest.mark.slow
-def test_sigterm_drains_then_exits_0(server, client):
-    """SIGTERM: the running request finishes whole, new requests and /health get 503, then the
-    process exits with status 0. (The module's last test: it ends the server.)"""
-    url, child = server
-    with httpx.stream("POST", url + "/v1/completions", json=dict(BUSY, stream_options={"include_usage": True}),
-                      timeout=120) as stream:
-        lines = stream.iter_lines()
-        first = next(lines)
-        child.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
-        with pytest.raises(openai.APIStatusError) as refused:
-            client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
-        assert refused.value.status_code == 503 and httpx.get(url + "/health").status_code == 503
-        events = [first] + [line for line in lines if line.startswith("data: ")]
-    assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 16 * 31
-    assert child.wait(timeout=60) == 0
+def test_hostile_bodies_are_refused_while_a_stream_runs_on(server):
+    """While a completion streams: 100,000 nested arrays get 400 (no RecursionError); a body of
+    1.5M short prompts (9 MB) gets 413 from its Content-Length, before a byte of it is read; a
+    chunked body gets 413 once more than the limit is in; 150,000 prompts under the limit get 400 before one is
+    tokenized; /health answers throughout, and the stream's tokens keep arriving (no gap of
+    seconds: a 20 MB body stalled every stream for 5.9 s when bodies were parsed and tokenized
+    on the event loop)."""
+    stream = Reader(server.url, LONG)
+    assert stream.first.wait(120)
+    start = time.monotonic()
+    nested = '{"model": "tiny", "prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    answer = httpx.post(server.url + "/v1/completions", content=nested, headers=AUTH)
+    assert answer.status_code == 400 and "nests JSON" in answer.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    huge = len(json.dumps({"model": "tiny", "prompt": ["ab"] * 1_500_000}))
+    status, body = raw(server, post_head(huge))  # its head alone: the server answers before a byte of the body
+    assert huge > 9 * LIMIT and status == 413 and body["error"]["code"] == "request_too_large"
+    status, _ = raw(server, post_head(0, chunked=True) + b"%x\r\n" % (LIMIT + 1) + b" " * (LIMIT + 1))
+    assert status == 413
+    many = json.dumps({"model": "tiny", "prompt": ["ab"] * 150_000})
+    answer = httpx.post(server.url + "/v1/completions", content=many, headers=AUTH)
+    assert len(many) < LIMIT and answer.status_code == 400 and answer.json()["error"]["param"] == "prompt"
+    assert httpx.get(server.url + "/health").status_code == 200
+    end = time.monotonic()
+    stream.close()
+    arrived = [t for t, _ in stream.lines if start < t < end]
+    assert arrived and max(np.diff([start] + arrived + [end])) < 3.0, np.diff([start] + arrived + [end]).max()
+    assert until(lambda: metric(server.url, "tfgpt2_running") == 0)
+
+
+def test_bodies_are_parsed_in_a_worker_thread():
+    """`guards.read_json` parses a body (and so checks and tokenizes it) in a worker thread,
+    never on the event loop's, and refuses one over its limit unparsed (413), whether its
+    Content-Length says so or its bytes do."""
+    from tfgpt2.serve.guards import read_json
+    from tfgpt2.serve.protocol import RequestError
+
+    class Request:  # what read_json reads of Starlette's
+        def __init__(self, body, length):
+            self.body, self.headers = body, {"content-length": str(length)} if length is not None else {}
+
+        async def stream(self):
+            for n in range(0, len(self.body), 3):
+                yield self.body[n:n + 3]
+
+    def parse(value):
+        return value, threading.get_ident()
+
+    assert asyncio.run(read_json(Request(b'{"a": [1]}', 10), 10, parse)) == ({"a": [1]}, mock.ANY)
+    assert asyncio.run(read_json(Request(b'{"a": [1]}', 10), 10, parse))[1] != threading.get_ident()
+    for body, length in [(b"{}", 11), (b'{"a": [1, 2]}', None)]:
+        with pytest.raises(RequestError) as caught:
+            asyncio.run(read_json(Request(body, length), 10, lambda value: pytest.fail("parsed")))
+        assert caught.value.status == 413
+
+
+@pytest.mark.slow
+def test_stalled_connections_are_closed_by_the_timeouts(server, client):
+    """20 connections that stall (nothing sent, headers never ended, a body never ended, idle
+    after an answer) are closed by the server within --request_timeout while it serves
+    others; a stall in the headers is one line of the log, and nothing is a traceback."""
+    stalls = [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", post_head(100) + b'{"model": "ti',
+              b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"]
+    port = urllib.parse.urlsplit(server.url).port
+    before = len(log_lines(server, "headers not in whole"))
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in range(20)]
+    try:
+        for n, s in enumerate(sockets):
+            s.sendall(stalls[n % 4])
+        assert client.completions.create(model="tiny", prompt="Hi", max_tokens=4).usage.completion_tokens >= 1
+        for n, s in enumerate(sockets):
+            received = b""
+            while chunk := s.recv(65536):  # b"": the server closed it (a timeout raises)
+                received += chunk
+            assert received.startswith(b"HTTP/1.1 200") == (n % 4 == 3), (n, received)
+    finally:
+        for s in sockets:
+            s.close()
+    assert len(log_lines(server, "headers not in whole")) - before == 5
+
+
+@pytest.mark.slow
+def test_sigterm_drains_within_its_bound_then_exits_0(server, client):
+    """SIGTERM with a stalled socket open and two requests running: /health and new requests
+    get 503 at once; a short request finishes whole; one that would run for hours is cut off
+    at --drain_timeout with a 503 error object in its stream; the stalled socket is closed,
+    and the process exits 0 within the bound. (It ends the server; the next test starts one.)"""
+    url, child = server.url, server.child
+    port = urllib.parse.urlsplit(url).port
+    endless = Reader(url, LONG)
+    assert endless.first.wait(120)
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=120)
+    stalled.sendall(post_head(100) + b'{"model": ')
+    short = Reader(url, dict(model="tiny", prompt=[1], n=3, max_tokens=8, stream=True, logit_bias=EOT_BANNED,
+                             stream_options={"include_usage": True}))
+    assert short.first.wait(120)
+    child.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    assert until(lambda: httpx.get(url + "/health").status_code == 503)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+    assert refused.value.status_code == 503
+    short.join(timeout=120)
+    assert short.lines[-1][1] == "data: [DONE]"
+    assert json.loads(short.lines[-2][1][6:])["usage"]["completion_tokens"] == 3 * 8
+    endless.join(timeout=120)
+    assert json.loads(endless.lines[-1][1][6:])["error"]["code"] == "service_unavailable"
+    assert endless.lines[-1][0] - signalled > DRAIN - 0.5
+    assert stalled.recv(65536) == b""
+    stalled.close()
+    assert child.wait(timeout=120) == 0
+    assert time.monotonic() - signalled < DRAIN + 60  # the drain, the grace for open connections, TensorFlow's exit
+    log_lines(server, "")

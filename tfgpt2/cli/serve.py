@@ -6,14 +6,19 @@
     curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"model": "124M", "prompt": "Every effort moves you", "max_tokens": 20, "temperature": 0}'
 
-Endpoints: GET /v1/models, POST /v1/completions (stream: true for server-sent events),
-GET /health, GET /metrics (Prometheus). The model's id is its folder's name. SIGTERM or Ctrl-C
-drains: running requests finish, new ones get 503, then the server exits (a second signal
-exits at once). Needs the serve extra: pip install 'tfgpt2[serve]'.
+Endpoints: POST /v1/completions (stream: true for server-sent events), GET /v1/models[/ID],
+POST /tokenize and /detokenize, GET /tokenizer_info and /version (as vLLM's), GET /health,
+GET /metrics (Prometheus). The model's id is its folder's name. With an API key (--api_key, or
+TFGPT2_API_KEY in the environment, which keeps it out of `ps`) every endpoint but /health needs
+`Authorization: Bearer KEY`. SIGTERM or Ctrl-C drains: running requests finish (for up to
+--drain_timeout seconds), new ones get 503, then the server exits (a second signal exits at
+once). Needs the serve extra: pip install 'tfgpt2[serve]'.
 """
 import argparse
 import os
 import sys
+
+API_KEY = "TFGPT2_API_KEY"  # the environment variable that holds the key
 
 from .args import Parser, ranged
 from ..formats.folders import encoder_of
@@ -40,6 +45,7 @@ def main(argv=None, prog="tfgpt2 serve"):
                              "token (on a GPU, 8), fewer let new requests in sooner (default 1)")
     parser.add_argument("--served_model_name", metavar="NAME",
                         help="the model's id in the API (default: the model folder's name)")
+    add_guard_flags(parser)
     add_tf32(parser)
     add_quiet(parser)
     args, progress = parse(parser, argv)
@@ -59,6 +65,26 @@ def main(argv=None, prog="tfgpt2 serve"):
     name = args.served_model_name or os.path.basename(os.path.normpath(folder))
     serve(model, encoder, model_name=name, host=args.host, port=args.port, max_batch=args.max_batch,
           max_queue=args.max_queue, chunk=args.prefill_chunk, steps=args.decode_steps,
+          api_key=args.api_key or os.environ.get(API_KEY) or None, public_metrics=args.public_metrics,
+          max_body=args.max_body_bytes, request_timeout=args.request_timeout, drain_timeout=args.drain_timeout,
+          docs=args.docs,
           ready=lambda: progress.note(f"serving {name} on http://{args.host}:{args.port}/v1 "
                                       f"({args.max_batch} slots)"))
     return 0
+
+
+def add_guard_flags(parser):
+    """The flags that protect the server: its key, body bound, timeouts, open routes."""
+    parser.add_argument("--api_key", "--api-key", metavar="KEY",
+                        help=f"every endpoint but /health needs Authorization: Bearer KEY (default: ${API_KEY}; "
+                             "none: open to whoever reaches the port)")
+    parser.add_argument("--public_metrics", action="store_true", help="/metrics answers without the key")
+    parser.add_argument("--max_body_bytes", type=ranged(int, 1024), default=4 << 20, metavar="BYTES",
+                        help="a request body over this gets 413, unread (default 4 MiB)")
+    parser.add_argument("--request_timeout", type=ranged(float, 0, above=True), default=30, metavar="SECONDS",
+                        help="a request's headers and body must be in whole within this, else its connection "
+                             "is closed (default 30)")
+    parser.add_argument("--drain_timeout", type=ranged(float, 0), default=30, metavar="SECONDS",
+                        help="after SIGTERM, running requests get this long to finish before they are cut off "
+                             "(default 30)")
+    parser.add_argument("--docs", action="store_true", help="serve FastAPI's /docs, /redoc and /openapi.json")

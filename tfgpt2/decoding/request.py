@@ -20,6 +20,7 @@ entry point shows its user. Parts of a request can be checked on their own: `che
 import dataclasses
 import math
 import numbers
+import reprlib
 
 import numpy as np
 import tensorflow as tf
@@ -105,12 +106,21 @@ def check_value(field, value, name=None, value_range=None):
     except OverflowError:  # a float beyond float64
         ok = False
     if not ok:
-        raise ValueError(f"{name or field} must be {value_range}, got {_shown(value)}")
+        raise ValueError(f"{name or field} must be {value_range}, got {shown(value)}")
     return value_range.kind(value)
 
 
-def _shown(value):
-    return str(value) if isinstance(value, numbers.Number) else repr(value)
+def shown(value, limit=40):
+    """`value` as an error message quotes it: a number as text, anything else as its repr, at
+    most about `limit` characters (a 4000-digit number, a long string or a list of a million
+    prompts is cut, not echoed whole)."""
+    if isinstance(value, numbers.Number):
+        text = str(value)
+        return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-(limit // 2):]}"
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = short.maxlong = limit
+    short.maxlevel, short.maxlist, short.maxdict, short.maxtuple = 2, 4, 4, 4
+    return short.repr(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +198,7 @@ def check_sampling(n_vocab, *, names=None, temperature=1.0, top_k=0, top_p=1.0, 
                     frequency_penalty=frequency_penalty, seed=np.random.randint(2**31) if seed is None else seed)
     checked = {field: check_value(field, value, names.get(field)) for field, value in numbers_.items()}
     if not isinstance(stop_at_eot, (bool, np.bool_)):
-        raise ValueError(f"{names.get('stop_at_eot', 'stop_at_eot')} must be true or false, got {_shown(stop_at_eot)}")
+        raise ValueError(f"{names.get('stop_at_eot', 'stop_at_eot')} must be true or false, got {shown(stop_at_eot)}")
     return dict(checked, logit_bias=_logit_bias(logit_bias, n_vocab, names.get("logit_bias", "logit_bias")),
                 stop=_stop(stop, n_vocab, names.get("stop", "stop")), stop_at_eot=bool(stop_at_eot),
                 eot=_token_ids([eot], n_vocab, names.get("eot", "eot"))[0])
@@ -201,7 +211,7 @@ def _token_ids(tokens, n_vocab, name):
     known = in_vocabulary(np.array([i if abs(i) < 2**62 else -1 for i in ids], np.int64), n_vocab)
     if not known.all():
         bad = tokens[int(np.argmin(known))]
-        raise ValueError(f"{name} must be a token id in [0, n_vocab={n_vocab}), got {_shown(bad)}")
+        raise ValueError(f"{name} must be a token id in [0, n_vocab={n_vocab}), got {shown(bad)}")
     return ids
 
 

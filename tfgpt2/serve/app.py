@@ -1,30 +1,42 @@
-"""The HTTP server: FastAPI routes over a `Scheduler`, run by uvicorn (`serve`).
+"""The HTTP server: FastAPI routes over a `Scheduler` (`create_app`), run by uvicorn (`serve`).
 
-`GET /v1/models`, `POST /v1/completions` (plain or streamed as server-sent events), `GET /health`
-(503 while draining, so that a load balancer stops sending) and `GET /metrics` (Prometheus).
-The scheduler's engine thread runs every TensorFlow program; requests are read, checked
-(`protocol.parse`) and answered here, on the event loop. SIGTERM or SIGINT drains: new requests
-get 503, running ones finish, then the process exits 0 (a second signal exits at once).
+`POST /v1/completions` (plain or streamed as server-sent events), `GET /v1/models` and
+`/v1/models/{id}`, vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info` and `/version`
+(`tokenizer`), `GET /health` (503 while draining, so that a load balancer stops sending) and
+`GET /metrics` (Prometheus). With an API key every route but /health (and /metrics, where asked)
+needs it (`guards.RequireKey`); a route or method that does not exist gets OpenAI's error object.
+The scheduler's engine thread runs every TensorFlow program; a request's body is read here, on
+the event loop, up to a bound, then parsed, checked and tokenized (`protocol.parse`) in a worker
+thread (`guards.read_json`), and answered here. A client that leaves is one line of the log.
+SIGTERM or SIGINT drains (`server.Server`).
 """
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import threading
 import time
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-from . import protocol
+from . import protocol, tokenizer
+from .guards import MAX_BODY, RequireKey, no_route, read_json
 from .protocol import RequestError
 from ..sample import choose
 from .scheduler import QueueFull, Scheduler, Sequence
+from .server import Server, config
 from .text import TextStream, token_text
 
 RETRY_AFTER = 1  # seconds a client told 429 waits
+COMPLETIONS = "/v1/completions"
+
+log = logging.getLogger("uvicorn.error")
 
 
 class Metrics:
@@ -103,19 +115,50 @@ class Choice:
         return scored.feed(prompt, entries)[1] + scored.finish()[1]
 
 
-def create_app(scheduler, *, model_name, encoder, hparams):
+
+
+def create_app(scheduler, *, model_name, encoder, hparams, api_key=None, public_metrics=False, max_body=MAX_BODY,
+               docs=False):
     """The FastAPI app serving `scheduler`'s model as `model_name`; its engine thread starts and
-    stops with the app. `app.state.draining` refuses new work."""
+    stops with the app. `api_key`: the key every route but /health needs (and /metrics unless
+    `public_metrics`); `max_body`: the largest request body in bytes; `docs`: FastAPI's /docs,
+    /redoc and /openapi.json. `app.state.draining` refuses new work."""
+    paths = ("/docs", "/redoc", "/openapi.json") if docs else (None, None, None)
+    app = FastAPI(title="tfgpt2", lifespan=lambda app: _Engine(scheduler),
+                  **dict(zip(("docs_url", "redoc_url", "openapi_url"), paths)))
+    app.state.draining, app.state.active, app.state.runs = False, 0, set()
     metrics = Metrics(scheduler)
-    created = protocol.now()
-    app = FastAPI(title="tfgpt2", lifespan=lambda app: _Engine(scheduler))
-    app.state.draining, app.state.active = False, 0
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key, open_paths={"/health"} | ({"/metrics"} if public_metrics else set()))
+    app.add_exception_handler(HTTPException, no_route)
 
     @app.exception_handler(RequestError)
     async def refused(request, error):
-        metrics.requests.labels(str(error.status)).inc()
-        headers = {"Retry-After": str(RETRY_AFTER)} if error.status == 429 else None
+        if request.url.path == COMPLETIONS:
+            metrics.requests.labels(str(error.status)).inc()
+        headers = ({"Retry-After": str(RETRY_AFTER)} if error.status == 429 else
+                   {"Connection": "close"} if error.status == 413 else None)  # the rest of the body is not read
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def left_early(request, error):
+        if request.url.path == COMPLETIONS:
+            metrics.requests.labels("499").inc()
+        log.warning("%s left before its request to %s was in whole", _client(request), request.url.path)
+        return Response(status_code=499)  # not sent: nobody reads it
+
+    @app.exception_handler(ClientLeft)
+    async def left(request, error):  # `Run.watching` logged it
+        return Response(status_code=499)
+
+    _routes(app, metrics, model_name=model_name, encoder=encoder, n_ctx=hparams.n_ctx, max_body=max_body)
+    _completions(app, scheduler, metrics, model_name=model_name, encoder=encoder, hparams=hparams, max_body=max_body)
+    return app
+
+
+def _routes(app, metrics, *, model_name, encoder, n_ctx, max_body):
+    """Every route but the completions: health, metrics, models, the tokenizer's."""
+    created = protocol.now()
 
     @app.get("/health")
     async def health():
@@ -127,9 +170,39 @@ def create_app(scheduler, *, model_name, encoder, hparams):
 
     @app.get("/v1/models")
     async def models():
-        return protocol.models(model_name, hparams.n_ctx, created)
+        return protocol.models(model_name, n_ctx, created)
 
-    @app.post("/v1/completions")
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        protocol.check_model(model_id, model_name)
+        return protocol.model(model_name, n_ctx, created)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await read_json(request, max_body, functools.partial(tokenizer.tokenize, model_name=model_name,
+                                                                     encoder=encoder, n_ctx=n_ctx))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await read_json(request, max_body, functools.partial(tokenizer.detokenize, model_name=model_name,
+                                                                     encoder=encoder))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return tokenizer.tokenizer_info(n_ctx)
+
+    @app.get("/version")
+    async def version():
+        return tokenizer.version()
+
+
+def _completions(app, scheduler, metrics, *, model_name, encoder, hparams, max_body):
+    """`POST /v1/completions`: the request read and checked, its choices queued, then answered
+    whole or streamed."""
+    parse = functools.partial(protocol.parse, model_name=model_name, encoder=encoder, hparams=hparams,
+                              capacity=scheduler.max_batch + scheduler.max_queue)
+
+    @app.post(COMPLETIONS)
     async def completions(request: Request):
         app.state.active += 1  # until its choices are queued: the drain waits for them
         try:
@@ -144,8 +217,7 @@ def create_app(scheduler, *, model_name, encoder, hparams):
         if app.state.draining:
             raise RequestError("the server is shutting down", status=503, type="server_error",
                                code="service_unavailable")
-        c = protocol.parse(await _json(request), model_name=model_name, encoder=encoder, hparams=hparams,
-                           capacity=scheduler.max_batch + scheduler.max_queue)
+        c = await read_json(request, max_body, parse)
         events, loop = asyncio.Queue(), asyncio.get_running_loop()
         choices = [Choice(index, prompt, c, encoder, events, loop) for prompt, index in c.choices()]
         try:
@@ -154,16 +226,17 @@ def create_app(scheduler, *, model_name, encoder, hparams):
             raise RequestError(f"too many requests: {e}; retry later", status=429, type="rate_limit_error",
                                code="rate_limit_exceeded") from None
         metrics.prompt_tokens.inc(sum(map(len, c.prompts)))
-        return Run(c, choices, events, metrics, model_name)
+        run = Run(c, choices, events, metrics, model_name)
+        app.state.runs.add(run)  # until it ends (`Run.watching`): the drain's end cuts it off
+        return run
 
-    return app
+
+def _client(request):
+    return "%s:%d" % tuple(request.client) if request.client else "a client"
 
 
-async def _json(request):
-    try:
-        return json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}") from None
+class ClientLeft(Exception):
+    """The client of a request disconnected before its answer was whole."""
 
 
 class Run:
@@ -179,13 +252,17 @@ class Run:
 
     async def next(self, watch):
         """The next event, (choice index, text, logprobs entries, finish reason, token count);
-        CancelledError where `watch` (the client's disconnect) comes first."""
+        ClientLeft where `watch` (the client's disconnect) comes first."""
         get = asyncio.ensure_future(self.events.get())
         done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
         if get not in done:
             get.cancel()
-            raise asyncio.CancelledError("the client disconnected")
+            raise ClientLeft()
         index, _, _, reason, count = event = get.result()
+        if reason == "cut":
+            self.status = "503"
+            raise RequestError("the server shut down before this answer was whole (--drain_timeout passed)",
+                               status=503, type="server_error", code="service_unavailable")
         if self.first and count:
             self.first = False
             self.metrics.first_token.observe(time.monotonic() - self.start)
@@ -215,41 +292,50 @@ class Run:
     async def streamed(self, scheduler, request):
         """The server-sent events: a chunk per event with text, entries or an end, then the usage
         (where asked) and [DONE]; an error object where the step failed."""
-        async with self.watching(scheduler, request) as watch:
-            try:
-                while self.open:
-                    index, text, released, reason, _ = await self.next(watch)
-                    if text or released or reason:
-                        yield _event(protocol.completion(self.id, self.model, self.created, [
-                            protocol.choice(index, text, self._logprobs(released), reason)], None))
-            except RequestError as error:
-                yield _event(error.body())
-                return
-            if self.c.include_usage:
-                yield _event(protocol.completion(self.id, self.model, self.created, [], self._usage()))
-            yield "data: [DONE]\n\n"
+        try:
+            async with self.watching(scheduler, request) as watch:
+                try:
+                    while self.open:
+                        index, text, released, reason, _ = await self.next(watch)
+                        if text or released or reason:
+                            yield _event(protocol.completion(self.id, self.model, self.created, [
+                                protocol.choice(index, text, self._logprobs(released), reason)], None))
+                except RequestError as error:
+                    yield _event(error.body())
+                    return
+                if self.c.include_usage:
+                    yield _event(protocol.completion(self.id, self.model, self.created, [], self._usage()))
+                yield "data: [DONE]\n\n"
+        except ClientLeft:  # `watching` logged it
+            return
 
     @contextlib.asynccontextmanager
     async def watching(self, scheduler, request):
         """A task that ends when the client disconnects; on the way out, the request's status
-        counted (a RequestError's by the app's handler) and, where choices are still open (the
-        client left, a failure), them cancelled."""
+        counted (a RequestError's by the app's handler), a client that left logged in one line,
+        and choices still open (the client left, a failure) cancelled."""
         async def disconnected():
             while (await request.receive())["type"] != "http.disconnect":
                 pass
         watch = asyncio.ensure_future(disconnected())
         try:
             yield watch
-        except BaseException as e:
-            if not isinstance(e, RequestError):
-                self.metrics.requests.labels("499").inc()
+        except (ClientLeft, asyncio.CancelledError):  # CancelledError: Starlette's stream saw it first
+            self.metrics.requests.labels("499").inc()
+            log.warning("%s left before its answer %s was whole: %d of its %d completions cancelled",
+                        _client(request), self.id, self.open, len(self.choices))
             raise
         else:
             self.metrics.requests.labels(self.status).inc()
         finally:
             watch.cancel()
+            request.app.state.runs.discard(self)
             if self.open:
                 scheduler.cancel([choice.sequence for choice in self.choices])
+
+    def cut_off(self):
+        """End the answer with a 503 (the drain's time is over); its choices are cancelled."""
+        self.events.put_nowait((None, "", [], "cut", 0))
 
     def _logprobs(self, entries):
         return None if self.c.logprobs is None else protocol.logprobs_object(entries, self.c.logprobs)
@@ -277,37 +363,19 @@ class _Engine:
         await asyncio.to_thread(self.thread.join)
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server, draining on the first SIGTERM or SIGINT (`app.state.draining`: new
-    requests get 503) until no request is left, then exiting; at once on a second."""
-
-    def __init__(self, config, app, scheduler, ready=None):
-        super().__init__(config)
-        self.app, self.scheduler, self.ready = app, scheduler, ready
-
-    def handle_exit(self, sig, frame):
-        if self.app.state.draining:
-            self.should_exit = self.force_exit = True
-        self.app.state.draining = True
-
-    async def on_tick(self, counter):
-        if self.ready is not None:  # the first tick: the port listens
-            self.ready, ready = None, self.ready
-            ready()
-        if self.app.state.draining and not self.app.state.active and self.scheduler.idle:
-            self.should_exit = True
-        return await super().on_tick(counter)
-
 
 def serve(model, encoder, *, model_name, host="127.0.0.1", port=8000, max_batch=16, max_queue=256, chunk=64,
-          steps=1, log_level="warning", ready=None):
-    """Serve `model` as `model_name` on host:port until a signal drains the server (`Server`):
-    `max_batch` slots, `max_queue` completions waiting, prefill chunks of up to `chunk` tokens,
-    up to `steps` tokens per decode call (`scheduler.Scheduler`). `ready()` is called once the
-    port listens."""
+          steps=1, log_level="warning", ready=None, api_key=None, public_metrics=False, max_body=MAX_BODY,
+          request_timeout=30, drain_timeout=30, docs=False):
+    """Serve `model` as `model_name` on host:port until a signal drains the server
+    (`server.Server`): `max_batch` slots, `max_queue` completions waiting, prefill chunks of up
+    to `chunk` tokens, up to `steps` tokens per decode call (`scheduler.Scheduler`); `api_key`,
+    `public_metrics`, `max_body` and `docs` as `create_app` takes them; a request must be in
+    whole within `request_timeout` seconds (`server.Protocol`), and the drain ends within
+    `drain_timeout`. `ready()` is called once the port listens."""
     scheduler = Scheduler(model, choose, max_batch=max_batch, max_queue=max_queue, chunk=chunk, steps=steps,
                           eot=encoder.eot_token)
-    app = create_app(scheduler, model_name=model_name, encoder=encoder, hparams=model.hparams)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=30)
-    Server(config, app, scheduler, ready).run()
+    app = create_app(scheduler, model_name=model_name, encoder=encoder, hparams=model.hparams, api_key=api_key,
+                     public_metrics=public_metrics, max_body=max_body, docs=docs)
+    settings = config(app, host=host, port=port, log_level=log_level, request_timeout=request_timeout)
+    Server(settings, app, scheduler, drain_timeout=drain_timeout, ready=ready).run()

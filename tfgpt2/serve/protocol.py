@@ -10,11 +10,12 @@ tfgpt2's `top_k`, `min_p`, `repetition_penalty` and `context_keep` (go past n_ct
 that many tokens). Any other field is refused, naming it.
 """
 import math
+import re
 import secrets
 import time
 import uuid
 
-from ..decoding.request import Range, batch_seed, check_request, check_value
+from ..decoding.request import Range, batch_seed, check_request, check_value, shown
 
 MAX_STOPS = 4      # OpenAI's limit
 MAX_LOGPROBS = 5   # OpenAI's limit for completions (`decoding.slots.TOP_LOGPROBS`)
@@ -25,8 +26,8 @@ API_NAMES = {"prompts": "prompt", "length": "max_tokens"}  # the request rules' 
 
 
 class RequestError(Exception):
-    """A request the server answers with an error object: `status` (400, 404, 429, 503),
-    OpenAI's `type` and `code`, and the `param` at fault where known."""
+    """A request the server answers with an error object: `status` (400, 401, 404, 405, 413,
+    429, 503), OpenAI's `type` and `code`, and the `param` at fault (every 400 names one)."""
 
     def __init__(self, message, *, status=400, param=None, type="invalid_request_error", code=None):
         super().__init__(message)
@@ -59,21 +60,21 @@ def parse(body, *, model_name, encoder, hparams, capacity):
         raise RequestError("the request body must be a JSON object")
     unknown = sorted(set(body) - FIELDS)
     if unknown:
-        raise RequestError(f"unknown field {unknown[0]!r} (this server takes {', '.join(sorted(FIELDS))})",
-                           param=unknown[0])
+        raise RequestError(f"unknown field {shown(unknown[0])} (this server takes {', '.join(sorted(FIELDS))})",
+                           param=unknown[0][:40])
     get = {k: v for k, v in body.items() if v is not None}.get  # a null means the default, as OpenAI's
-    model = get("model")
-    if model != model_name:
-        raise RequestError(f"The model `{model}` does not exist; this server serves `{model_name}`", status=404,
-                           param="model", code="model_not_found")
+    check_model(get("model"), model_name)
     c = Completion()
-    c.texts, c.prompts = _prompts(get("prompt", "<|endoftext|>"), encoder)
     c.n = _field("n", get("n", 1), Range(int, 1, 2**31 - 1))
     if get("best_of", c.n) != c.n or get("suffix") is not None:
-        raise RequestError("best_of (other than n) and suffix are not supported", param="best_of")
-    if len(c.prompts) * c.n > capacity:
-        raise RequestError(f"prompts x n = {len(c.prompts) * c.n} completions; one request may ask for at most "
-                           f"{capacity} (--max_batch + --max_queue)", param="n")
+        raise RequestError("best_of (other than n) and suffix are not supported",
+                           param="best_of" if get("suffix") is None else "suffix")
+    prompt = get("prompt", "<|endoftext|>")
+    count = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    if count * c.n > capacity:  # before a prompt is encoded: a million prompts cost nothing
+        raise RequestError(f"prompts x n = {count * c.n} completions; one request may ask for at most "
+                           f"{capacity} (--max_batch + --max_queue)", param="n" if c.n > 1 else "prompt")
+    c.texts, c.prompts = _prompts(prompt, encoder)
     c.stream, c.echo = (_flag(name, get(name, False)) for name in ("stream", "echo"))
     c.include_usage = _stream_options(get("stream_options"), c.stream)
     c.logprobs = None if get("logprobs") is None else _field("logprobs", get("logprobs"), Range(int, 0, MAX_LOGPROBS))
@@ -86,6 +87,14 @@ def parse(body, *, model_name, encoder, hparams, capacity):
                       frequency=s["frequency_penalty"])
     c.bias = s["logit_bias"]
     return c
+
+
+def check_model(model, model_name):
+    """A 404 unless `model` is the served model's id."""
+    if model != model_name:
+        name = model if isinstance(model, str) and len(model) <= 80 else shown(model)
+        raise RequestError(f"The model `{name}` does not exist; this server serves `{model_name}`",
+                           status=404, param="model", code="model_not_found")
 
 
 def _field(name, value, value_range):
@@ -106,12 +115,18 @@ def _check(prompts, get, hparams):
             repetition_penalty=get("repetition_penalty", 1.0), presence_penalty=get("presence_penalty", 0.0),
             frequency_penalty=get("frequency_penalty", 0.0), logit_bias=_bias(get("logit_bias", {})))
     except ValueError as e:
-        raise RequestError(str(e)) from None
+        raise RequestError(str(e), param=_param(str(e))) from None
+
+
+def _param(message):
+    """The field a request rule's message names first ("max_tokens must be ...", "prompt 1: ...")."""
+    word = re.match(r"\w*", message).group()
+    return "prompt" if word == "prompts" else word or None
 
 
 def _flag(name, value):
     if not isinstance(value, bool):
-        raise RequestError(f"{name} must be true or false, got {value!r}", param=name)
+        raise RequestError(f"{name} must be true or false, got {shown(value)}", param=name.split(".")[0])
     return value
 
 
@@ -152,13 +167,15 @@ def _stops(stop):
 
 
 def _bias(bias):
-    """{token id: value} of OpenAI's {"id": value}."""
+    """{token id: value} of OpenAI's {"id": value}; an id is written in decimal digits alone
+    (not "1_000", " 7 " or "+7", which Python's int() would read)."""
     if not isinstance(bias, dict):
         raise RequestError('logit_bias must be an object of token ids to numbers: {"50256": -100}', param="logit_bias")
-    try:
-        return {int(token): value for token, value in bias.items()}
-    except ValueError:
-        raise RequestError(f"logit_bias keys must be token ids, got {sorted(bias)[:3]}", param="logit_bias") from None
+    bad = [token for token in bias if not re.fullmatch("[0-9]{1,10}", token)]
+    if bad:
+        raise RequestError(f"logit_bias keys must be token ids in decimal digits, got {shown(bad[0])}",
+                           param="logit_bias")
+    return {int(token): value for token, value in bias.items()}
 
 
 # ---- responses ----------------------------------------------------------------------------
@@ -191,8 +208,12 @@ def logprobs_object(entries, n):
 
 
 def models(model_name, n_ctx, created):
-    return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                        "owned_by": "tfgpt2", "max_model_len": n_ctx}]}
+    return {"object": "list", "data": [model(model_name, n_ctx, created)]}
+
+
+def model(model_name, n_ctx, created):
+    """The model object of `GET /v1/models/{id}` (and of the list)."""
+    return {"id": model_name, "object": "model", "created": created, "owned_by": "tfgpt2", "max_model_len": n_ctx}
 
 
 def now():
