@@ -310,7 +310,8 @@ def test_model_names_resolve_models_dir_and_say_how_to_download(tiny_dir, tmp_pa
     with pytest.raises(SystemExit) as exit:
         generate_cli.main(["--model_name", "355M", "--models_dir", "elsewhere"])
     assert exit.value.code == ("error: elsewhere/355M: no such model folder; download it with "
-                               "`tfgpt2 download 355M --models_dir elsewhere`")
+                               "`tfgpt2 download 355M --models_dir elsewhere` (offline, `tfgpt2 make-checkpoint "
+                               "355M --models_dir elsewhere` writes random weights in the same layout)")
 
 
 def test_load_model_on_a_hugging_face_folder_points_to_convert(tiny_dir, hf_dir, tmp_path):

@@ -267,7 +267,8 @@ def closed_port():
     ('2B', 'up', ["unknown model '2B'", '124M, 355M, 774M, 1558M']),
     ('117M', 'up', ['117M was renamed 124M']),
     ('355M', 'up', ['HTTP 404', '/models/355M/checkpoint']),
-    ('124M', 'down', ['cannot reach http://127.0.0.1:', 'Connection refused']),
+    ('124M', 'down', ['cannot reach http://127.0.0.1:', 'Connection refused',
+                      'offline, `tfgpt2 make-checkpoint 124M --models_dir ']),
 ])
 def test_cli_errors_are_one_line(storage, tmp_path, capsys, model_name, server, fragments):
     url = storage.url if server == 'up' else f'http://127.0.0.1:{closed_port()}'

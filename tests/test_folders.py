@@ -81,9 +81,11 @@ def test_hugging_faces_names_are_the_published_folders(tiny_dir, tmp_path, monke
 
 @pytest.mark.parametrize("model, models_dir, argv, message", [
     ("124M", "models", ["--model_name", "124M", "--models_dir", "models"],
-     "models/124M: no such model folder; download it with `tfgpt2 download 124M`"),
+     "models/124M: no such model folder; download it with `tfgpt2 download 124M` (offline, "
+     "`tfgpt2 make-checkpoint 124M` writes random weights in the same layout)"),
     ("355M", "elsewhere", ["--model_name", "355M", "--models_dir", "elsewhere"],
-     "elsewhere/355M: no such model folder; download it with `tfgpt2 download 355M --models_dir elsewhere`"),
+     "elsewhere/355M: no such model folder; download it with `tfgpt2 download 355M --models_dir elsewhere` "
+     "(offline, `tfgpt2 make-checkpoint 355M --models_dir elsewhere` writes random weights in the same layout)"),
     ("mine", "models", ["--model_dir", "models/mine"],
      "models/mine: no such model folder (the published models are 124M, 355M, 774M, 1558M)"),
 ])

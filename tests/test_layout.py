@@ -208,6 +208,42 @@ def test_the_python_m_names_are_the_readmes():
     assert not [name for name in PYTHON_M if f"python -m {name}" not in readme]
 
 
+# ---- the README's account of the house -------------------------------------------------------
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_a_guide_of_at_most_12_kb():
+    assert len(README.encode()) <= 12 * 1024, f"README.md is {len(README.encode())} bytes: move detail to docs/"
+
+
+def test_the_readmes_layout_names_every_part_of_the_house():
+    """Each top-level entry that git tracks (README.md and .gitignore aside) and each folder of
+    the package, in the README's Layout block."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0 or not listed.stdout:
+        pytest.skip("not a git checkout: no list of tracked files")
+    top = {path.split("/")[0] for path in listed.stdout.splitlines()} - {"README.md", ".gitignore"}
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"assets"}
+    block = re.search(r"## Layout\n\n```\n(.*?)```", README, re.S).group(1)
+    words = set(re.findall(r"[\w.]+", block))
+    assert not sorted(name for name in top | folders if name not in words), block
+
+
+def test_one_tensorflow_version_is_supported_tested_and_stated():
+    """requirements.txt (what CI installs) pins the TensorFlow that pyproject.toml asks for, in
+    the one minor version that pyproject allows and the README names."""
+    from packaging.requirements import Requirement
+    import tomllib
+    pinned = re.search(r"^tensorflow==([\d.]+)", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        dependencies = [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+    [tensorflow] = [d for d in dependencies if d.name == "tensorflow"]
+    minor = ".".join(pinned.split(".")[:2])
+    assert str(tensorflow.specifier) == f"~={minor}.0" and tensorflow.specifier.contains(pinned)
+    assert f"Supported: TensorFlow {minor}" in README and f"`tensorflow=={pinned}`" in README
+
+
 def test_every_command_has_its_module():
     from tfgpt2.cli.main import COMMANDS, module_name
     assert not [name for name in COMMANDS if module_name(name) not in modules()]

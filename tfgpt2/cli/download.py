@@ -13,8 +13,9 @@ import argparse
 import os
 import sys
 
-from ..formats.openai_download import BASE_URL, MODEL_NAMES, DownloadError, download_model
-from ..hparams import ALIASES
+from ..formats.folders import offline
+from ..formats.openai_download import BASE_URL, MODEL_NAMES, DownloadError, Unreachable, download_model
+from ..hparams import ALIASES, published_name
 from .common import add_quiet
 
 
@@ -28,6 +29,9 @@ def main(argv=None, prog="tfgpt2 download"):
     args = parser.parse_args(argv)
     try:
         folder = download_model(args.model_name, args.models_dir, args.base_url, progress=not args.quiet)
+    except Unreachable as e:
+        print(f'{prog}: error: {e}; {offline(published_name(args.model_name), args.models_dir)}', file=sys.stderr)
+        return 1
     except (DownloadError, OSError) as e:
         print(f'{prog}: error: {e}', file=sys.stderr)
         return 1

@@ -34,7 +34,7 @@ def find_model_dir(model, models_dir="models"):
 
 def missing_model(model, models_dir="models"):
     """What to say of a model folder that does not exist (`model` a name in `models_dir`, or a
-    path): how to download a published one."""
+    path): how to download a published one, and how to do without a network."""
     given = os.path.basename(os.path.normpath(model))
     name = published_name(given)
     if model != given:
@@ -42,8 +42,17 @@ def missing_model(model, models_dir="models"):
     where = os.path.join(models_dir, name)
     if name not in PUBLISHED:
         return f"{where}: no such model folder (the published models are {', '.join(PUBLISHED)})"
-    option = "" if os.path.normpath(models_dir) == "models" else f" --models_dir {models_dir}"
-    return f"{where}: no such model folder; download it with `tfgpt2 download {name}{option}`"
+    return (f"{where}: no such model folder; download it with `tfgpt2 download {name}{_option(models_dir)}` "
+            f"({offline(name, models_dir)})")
+
+
+def offline(name, models_dir="models"):
+    """The way to published model `name` without a network: random weights in its layout."""
+    return f"offline, `tfgpt2 make-checkpoint {name}{_option(models_dir)}` writes random weights in the same layout"
+
+
+def _option(models_dir):
+    return "" if os.path.normpath(models_dir) == "models" else f" --models_dir {models_dir}"
 
 
 def encoder_of(folder):
