@@ -3,6 +3,7 @@ two pipelines in all, each on the DirectRunner in worker processes (each imports
 and compiles): one through the model folder's handler in two, one through the SavedModel's in
 one that cannot import tfgpt2."""
 import ast
+import contextlib
 import glob
 import json
 import os
@@ -67,14 +68,33 @@ def run(tiny_dir, source, output, *flags, runner=RUNNER):
                                 "--temperature", "0", "--batch_size", "2", "--quiet", *flags, *runner])
 
 
+@contextlib.contextmanager
+def stderr_into(path):
+    """What this process (descriptor 2 and sys.stderr) and its children write to stderr while the
+    block runs, into `path`."""
+    saved, saved_stderr = os.dup(2), sys.stderr
+    with open(path, "w") as f:
+        os.dup2(f.fileno(), 2)
+    sys.stderr = open(2, "w", closefd=False)
+    try:
+        yield
+    finally:
+        sys.stderr.close()
+        sys.stderr = saved_stderr
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 @pytest.fixture(scope="module")
 def folder_rows(tiny_dir, source, tmp_path_factory):
-    """The rows and the exit status of a run through the model folder's handler, and its output."""
+    """The rows and the exit status of a run through the model folder's handler, its output, and
+    what the run and its workers wrote to stderr."""
     output = tmp_path_factory.mktemp("folder") / "out" / "rows"
-    with pytest.MonkeyPatch.context() as patch:
+    stderr = output.parent.parent / "stderr"
+    with pytest.MonkeyPatch.context() as patch, stderr_into(stderr):
         patch.setenv("PYTHONPATH", str(ROOT))  # the workers import tfgpt2 from this checkout
         status = run(tiny_dir, source[0], output)
-    return shards(output), status, output
+    return shards(output), status, output, stderr.read_text()
 
 
 @slow
@@ -82,7 +102,7 @@ def test_every_good_line_once_greedy_equal_to_each_prompt_alone(tiny_dir, source
     """Greedy rows (--temperature 0) and lines with controls of their own are
     `tfgpt2.generate`'s for the prompt alone; the line with a seed samples as it would alone."""
     path, good = source
-    rows, _, _ = folder_rows
+    rows, *_ = folder_rows
     assert sorted(rows) == sorted(good)
     model, enc = load_model(tiny_dir), encoder_of(tiny_dir)
     for n, line in good.items():
@@ -98,22 +118,26 @@ def test_every_good_line_once_greedy_equal_to_each_prompt_alone(tiny_dir, source
 
 @slow
 def test_bad_lines_are_written_with_their_number_and_the_run_exits_nonzero(source, folder_rows):
+    """... each named on stderr once, as the local engine names them; and nothing else there
+    (--quiet): TensorFlow's and Beam's notices, the workers' included, are kept off it."""
     path, _ = source
-    _, status, output = folder_rows
+    _, status, output, stderr = folder_rows
     errors = [json.loads(line) for line in open(f"{output}.errors-00000-of-00001")]
     assert errors == [dict(line=n, error=problem) for n, (_, problem) in sorted(BAD.items())]
-    assert status == f"error: 4 bad line(s) of {path}, written to {output}.errors-00000-of-00001; the first: line 2 " \
-                     f"(line 1 counted from 0): {BAD[1][1]} (--skip_bad skips such lines)"
+    assert status == f"error: 4 bad line(s) of {path}, written to {output}.errors-00000-of-00001, each named above " \
+                     "(--skip_bad skips such lines)"
+    assert stderr == "".join(f"{path}:{n + 1} (line {n} counted from 0): {problem}\n"
+                             for n, (_, problem) in sorted(BAD.items()))
     assert not os.path.exists(f"{output}.plan.jsonl")
 
 
 @slow
 def test_an_output_with_an_earlier_runs_files_or_a_folder_is_refused(tiny_dir, source, folder_rows):
-    _, _, output = folder_rows
+    _, _, output, _ = folder_rows
     before = sorted(os.listdir(output.parent))
     assert run(tiny_dir, source[0], output) == (
-        f"error: {output}-00000-of-00002 exists, from an earlier run: remove {output}-*, {output}.errors-* and "
-        f"{output}.plan.jsonl, or choose another --output")
+        f"error: {output}-00000-of-00002 exists, from an earlier run: remove {output}-*, {output}.errors-*, "
+        f"{output}.plan.jsonl and the folder {output.parent}/beam-temp-rows-*, or choose another --output")
     assert run(tiny_dir, source[0], output.parent) == (
         f"error: --output {output.parent} is a folder: give the prefix of the files to write, for example "
         f"{output.parent / 'rows'}")
@@ -197,3 +221,25 @@ def test_a_failed_pipeline_is_one_line_and_writes_no_rows(tiny_dir, tmp_path):
         bulk_beam.generate_files(str(source), str(tmp_path / "rows"), handler, encoder_of(tiny_dir), n_ctx=64,
                                  n_vocab=50257, length=4, batch_size=2, seed=1)
     assert [name for name in sorted(os.listdir(tmp_path)) if not name.startswith("beam-temp-rows-")] == ["in.jsonl"]
+
+
+def test_a_failed_pipeline_names_the_log_that_holds_the_runners_notices(tmp_path, capfd, monkeypatch):
+    """What a failed run's workers wrote to descriptor 2 (here a child of the command's) is kept
+    in the log that the error names, not shown; with --verbose it shows and no log is made."""
+    from tfgpt2.bulk import beam as bulk_beam
+
+    def failing(args, options):
+        subprocess.run(["sh", "-c", "echo a notice of a worker >&2"], check=True)
+        raise bulk_beam.PipelineError(f"the Beam pipeline failed: boom; no rows were written to {args.output}-*")
+    monkeypatch.setattr(generate_batch, "beam_files", failing)
+    argv = ["--engine", "beam", "--input", "in.jsonl", "--output", str(tmp_path / "rows"), "--quiet"]
+    status = generate_batch.main(argv)
+    log = status.rsplit("(the log ", 1)[-1].removesuffix(" has the rest)")
+    assert status == (f"error: the Beam pipeline failed: boom; no rows were written to {tmp_path / 'rows'}-* "
+                      f"(the log {log} has the rest)")
+    assert capfd.readouterr().err == ""
+    with open(log) as f:
+        assert f.read() == "a notice of a worker\n"
+    os.remove(log)
+    assert generate_batch.main(argv + ["--verbose"]).endswith("(the log above has the rest)")
+    assert capfd.readouterr().err == "a notice of a worker\n"

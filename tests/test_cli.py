@@ -137,6 +137,30 @@ def test_generate_litert_refuses_the_controls_it_cannot_apply(tmp_path, capsys, 
     assert "--litert samples with --temperature, --top_k and --top_p only" in capsys.readouterr().err
 
 
+
+def test_notices_of_the_process_and_its_children_go_to_a_log_removed_unless_kept(capfd):
+    """`common.Notices`: descriptor 2 (this process's and a child's writes) into a temporary
+    log, removed on leaving unless kept, and descriptor 2 as it was after, also where the block
+    raised; with verbose, nothing moves."""
+    def notices():
+        subprocess.run(["sh", "-c", "echo a notice of a child >&2"], check=True)
+        os.write(2, b"a notice\n")
+    with common.Notices(False) as quiet:
+        notices()
+    assert capfd.readouterr().err == "" and not os.path.exists(quiet.log)
+    with pytest.raises(RuntimeError), common.Notices(False) as kept:
+        notices()
+        kept.keep = True
+        raise RuntimeError
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n" and kept.where() == f"the log {kept.log}"
+    with open(kept.log) as f:
+        assert f.read() == "a notice of a child\na notice\n"
+    os.remove(kept.log)
+    with common.Notices(True) as verbose:
+        notices()
+    assert capfd.readouterr().err == "a notice of a child\na notice\n" and verbose.log is None
+
 def test_generate_batch_workers_start_through_the_quiet_entry_point():
     assert generate_batch.worker_command() == [sys.executable, "-m", "tfgpt2_cli", "generate-batch"]
 

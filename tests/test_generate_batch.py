@@ -1,10 +1,9 @@
 """Bulk generation (`python -m tfgpt2 generate-batch`) on the tiny model (n_ctx 64)."""
 import json
 import os
-import signal
+import select
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -98,18 +97,39 @@ def test_batches_hold_one_length_bucket_each(tiny_dir, tmp_path):
     assert sum(len(b) < 8 for b in batches) <= len({bucket(len(b[0][2])) for b in batches})
 
 
+# `tfgpt2 generate-batch ARGS` in a child that says "held" on stdout once its 20th row is
+# appended, then waits there (on its stdin) to be killed: a run killed partway, at a known point
+# whatever the machine's speed.
+HELD_AFTER_20_ROWS = """
+import sys
+from tfgpt2.bulk import pool
+from tfgpt2.cli.main import main
+append, written = pool.append, []
+
+def held_after_20(path, rows):
+    append(path, rows)
+    written.extend(rows)
+    if len(written) >= 20:
+        print("held", flush=True)
+        sys.stdin.read()
+
+pool.append = held_after_20
+main(["generate-batch", *sys.argv[1:]])
+"""
+
+
 def test_killed_run_resumed_has_every_line_once_and_the_same_text(tiny_dir, tmp_path, sampled, model):
     src, args, full = sampled
     out = tmp_path / "out.jsonl"
-    child = subprocess.Popen([sys.executable, "-m", "tfgpt2", "generate-batch", *flags(tiny_dir, src, out, *args)],
-                             cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
-    while child.poll() is None and (not out.exists() or out.read_bytes().count(b"\n") < 20):
-        time.sleep(0.002)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.returncode == -signal.SIGKILL, child.stderr.read()
-    written = len(rows(out))
-    assert 20 <= written < len(full)
+    with subprocess.Popen([sys.executable, "-c", HELD_AFTER_20_ROWS, *flags(tiny_dir, src, out, *args)], cwd=ROOT,
+                          env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as child:
+        ready, _, _ = select.select([child.stdout], [], [], 300)  # the child holds, or ends
+        said = child.stdout.readline() if ready else "nothing in 300 s"
+        child.kill()
+        child.wait(timeout=60)
+        assert said == "held\n", child.stderr.read()
+    assert len(rows(out)) == 20  # --batch_size 1: a row per write
     assert generate_batch.main(flags(tiny_dir, src, out, *args), model) == 0
     assert rows(out) == full
 
@@ -132,18 +152,48 @@ def test_a_second_run_on_the_same_output_is_refused(tiny_dir, tmp_path):
         assert generate_batch.main(flags(tiny_dir, src, out, "--length", "8")) == (
             f"error: {out}: another generate_batch run is writing it (it holds {out}.lock)")
     finally:
-        os.close(held)
-    assert not out.exists()
+        pool.unlock(str(out), held)
+    assert not out.exists() and not os.path.exists(f"{out}.lock")
+
+
+def test_a_lock_file_removed_by_the_run_before_is_not_held(tmp_path, monkeypatch):
+    """A run that opened the lock file just as the run before removed it (`unlock`) would lock a
+    file no one else can see: `lock` opens the file at the path again."""
+    path = str(tmp_path / "out.jsonl")
+    real_open, opened = os.open, []
+
+    def open_then_removed(name, *args):  # the run before unlocks between the first open and its flock
+        opened.append(name)
+        fd = real_open(name, *args)
+        if len(opened) == 1:
+            os.unlink(name)
+        return fd
+    monkeypatch.setattr(pool.os, "open", open_then_removed)
+    held = pool.lock(path)
+    monkeypatch.undo()
+    assert opened == [f"{path}.lock"] * 2
+    assert os.fstat(held).st_ino == os.stat(f"{path}.lock").st_ino  # the file there now
+    with pytest.raises(ValueError, match="another generate_batch run is writing it"):
+        pool.lock(path)
+    pool.unlock(path, held)
+    assert not os.path.exists(f"{path}.lock")
 
 
 def test_two_workers_give_the_rows_of_one_process(tiny_dir, tmp_path, sampled):
+    """... and the input's bad line, skipped, is named once (not once more by each worker)."""
     src, args, full = sampled
+    with_bad = tmp_path / "in.jsonl"
+    with_bad.write_text(open(src).read() + '{"prompt": ""}\n')  # line 80: the good lines' plan is the same
     out = tmp_path / "out.jsonl"
-    done = subprocess.run([sys.executable, "-m", "tfgpt2", "generate-batch", *flags(tiny_dir, src, out, *args),
-                           "--workers", "2"], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "tfgpt2", "generate-batch", *flags(tiny_dir, str(with_bad), out, *args),
+                           "--workers", "2", "--skip_bad"], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     assert "worker 0/2:" in done.stderr and "worker 1/2:" in done.stderr
+    assert done.stderr.count(f"skipped {with_bad}:81 (line 80 counted from 0): empty prompt\n") == 1, done.stderr
+    assert done.stderr.count("skipped 1 bad line(s)") == 1, done.stderr
     assert rows(out) == full
+    assert not os.path.exists(f"{out}.lock")
 
 
 def test_bad_lines_are_named_or_skipped_with_a_count(tiny_dir, tmp_path, capsys, model):
@@ -158,16 +208,19 @@ def test_bad_lines_are_named_or_skipped_with_a_count(tiny_dir, tmp_path, capsys,
     src.write_text('{"prompt": "first"}\n\n' + "".join(line + "\n" for line, _ in bad.values()) + good + "\n")
     out = tmp_path / "out.jsonl"
     message = generate_batch.main(flags(tiny_dir, str(src), out, "--length", "8"))
-    assert message == f"error: {src}:3 (line 2 counted from 0): not valid JSON (Unterminated string starting " \
-                      "at: line 1 column 12 (char 11)) (--skip_bad skips such lines)"
+    assert message == f"error: 5 bad line(s) of {src}, each named above (--skip_bad skips such lines)"
+    named = [f"{src}:{n + 1} (line {n} counted from 0): {problem}" for n, (_, problem) in bad.items()]
+    named[0] = named[0].replace("not valid JSON", "not valid JSON (Unterminated string starting at: line 1 column "
+                                                  "12 (char 11))")
+    assert capsys.readouterr().err == "".join(line + "\n" for line in named)  # every one, once, in one pass
     assert not out.exists()
     assert generate_batch.main(flags(tiny_dir, str(src), out, "--length", "8", "--batch_size", "1", "--skip_bad"),
                                model) == 0
     err = capsys.readouterr().err
-    for n, (_, problem) in bad.items():
-        assert f"skipped {src}:{n + 1} (line {n} counted from 0): {problem}" in err
-    assert "skipped 5 bad line(s)" in err
+    assert all(err.count(f"skipped {line}\n") == 1 for line in named), err
+    assert err.count(f"skipped 5 bad line(s) of {src}\n") == 1
     assert sorted(rows(out)) == [0, 7]
+    assert not os.path.exists(f"{out}.lock")
 
 
 def test_controls_apply_to_every_line(tiny_dir, tmp_path, model):
@@ -242,20 +295,21 @@ def test_a_bad_field_names_the_line_and_the_field(tiny_dir, tmp_path, capsys, fi
     src.write_text('{"prompt": "first"}\n' + json.dumps({"prompt": "second", field: value}) + "\n")
     out = tmp_path / "out.jsonl"
     assert generate_batch.main(flags(tiny_dir, str(src), out, "--length", "4")) == \
-        f"error: {src}:2 (line 1 counted from 0): {message} (--skip_bad skips such lines)"
+        f"error: 1 bad line(s) of {src}, each named above (--skip_bad skips such lines)"
+    assert capsys.readouterr().err == f"{src}:2 (line 1 counted from 0): {message}\n"
     assert not out.exists()
 
 
-def test_a_line_not_utf8_and_a_folder_as_output_are_one_line_errors(tiny_dir, tmp_path, capsys, model):
+def test_a_line_not_utf8_and_a_folder_as_output_are_errors_that_write_nothing(tiny_dir, tmp_path, capsys, model):
     """As a user types them (the `tfgpt2` script is `python -m tfgpt2_cli`): a line in Latin-1
-    is a bad line naming the file and the line (--skip_bad skips and counts it), and an
-    --output that is a folder is refused; neither writes anything."""
+    is a bad line named with the file and the line (--skip_bad skips and counts it), and an
+    --output that is a folder is refused in one line; neither writes anything."""
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"prompt": "first"}\n{"prompt": "caf\xe9 au lait"}\n{"prompt": "third"}\n')
     models_dir, name = os.path.split(tiny_dir)
     command = f"tfgpt2 generate-batch --models_dir {models_dir} --model_name {name} --input {src} --length 4"
-    not_utf8 = f"error: {src}:2 (line 1 counted from 0): not UTF-8: byte 0xe9 at byte 15 of the line " \
-               "(--skip_bad skips such lines)"
+    not_utf8 = f"{src}:2 (line 1 counted from 0): not UTF-8: byte 0xe9 at byte 15 of the line\n" \
+               f"error: 1 bad line(s) of {src}, each named above (--skip_bad skips such lines)"
     folder = f"error: --output {tmp_path} is a folder: give the file to append the rows to, for example " \
              f"{tmp_path / 'rows.jsonl'}"
     for output, message in [(tmp_path / "out.jsonl", not_utf8), (tmp_path, folder)]:

@@ -452,6 +452,24 @@ def folder_files(run_dir):
             if not name.startswith(("events.", ".lock"))}
 
 
+def test_a_new_run_that_diverges_says_it_has_no_checkpoint(tmp_path):
+    """The error of a run whose loss goes NaN before its first save (the test above: after one)
+    says so, with no `None` for the checkpoint it lacks. Its step is a stand-in for `Trainer`'s
+    (the loss it returns, its count of skipped updates): `Run.update` is what is tested."""
+    class Diverging:
+        skipped = tf.Variable(0)
+
+        def step(self, batch):
+            return tf.constant(float("nan"))
+    config = loop.TrainConfig(dataset="-", checkpoint_dir=str(tmp_path), run_name="new")
+    run = loop.Run(config, config.run_dir, None, None, Diverging(), None, None, None, base="")
+    with pytest.raises(ValueError) as e:
+        run.update(None, 1, [])
+    assert str(e.value) == (f"{tmp_path / 'new'}: step 1: the loss is nan, not finite: the run stops, saving nothing "
+                            "(it holds no checkpoint yet); try a lower --learning_rate, --clip_norm, or "
+                            "--max_bad_steps to skip a few such updates")
+
+
 def test_a_run_that_diverges_stops_with_its_last_checkpoint_intact(micro_dir, tmp_path, capsys):
     """Resuming a good run with --learning_rate 1e10: the loss goes NaN, and the run stops with
     an error naming the step, saving nothing (it saved model-6, deleted the good model-3 and
@@ -475,7 +493,7 @@ def test_a_run_that_diverges_stops_with_its_last_checkpoint_intact(micro_dir, tm
     model = tfgpt2.load_model(str(run_dir))
     model.wpe.assign(np.full(model.wpe.shape, np.nan, np.float32))
     with pytest.raises(ValueError, match=r"step 4's weights are not finite \(model/wpe holds NaN or inf\): not "
-                                         r"saved, the run folder is as it was \(its latest: \S+model-3\)"):
+                                         r"saved, the run folder is as it was \(its latest checkpoint: \S+model-3\)"):
         run_folder.save_run(str(run_dir), model, make_optimizer("adam", 1e-3), 4)
     assert folder_files(run_dir) == good
 

@@ -40,6 +40,14 @@ def earlier_run(output):
     return next((m.path for result in found for m in result.metadata_list), None)
 
 
+def leftovers(output):
+    """What a run on `output` may leave, as patterns: the rows, the bad lines, the plan, and the
+    folder of temporary shards that Beam makes beside them (beam-temp-<name>-<id>)."""
+    folder, _, name = output.rpartition("/")
+    return [f"{output}-*", f"{output}.errors-*", f"{output}.plan.jsonl",
+            f"{folder}/beam-temp-{name}-*" if folder else f"beam-temp-{name}-*"]
+
+
 def write_lines(path, lines):
     """Write the text lines to `path` under a temporary name, renamed once complete."""
     temp = path + ".incomplete"
@@ -63,8 +71,9 @@ def generate_files(source, output, handler, enc, *, n_ctx, n_vocab, length, batc
     (line number, what is wrong). Raises ValueError where files of an earlier run are there."""
     found = earlier_run(output)
     if found:
-        raise ValueError(f"{found} exists, from an earlier run: remove {output}-*, {output}.errors-* and "
-                         f"{output}.plan.jsonl, or choose another --output")
+        *files, temp = leftovers(output)
+        raise ValueError(f"{found} exists, from an earlier run: remove {', '.join(files)} and the folder {temp}, "
+                         "or choose another --output")
     with FileSystems.open(source, compression_type="uncompressed") as f:
         batches, bad = plan_batches(read_prompts(f), enc, n_ctx=n_ctx, length=length, n_vocab=n_vocab,
                                     batch_size=batch_size, context_keep=context_keep)
@@ -99,7 +108,6 @@ def run(plan, output, handler, options):
                  | "Write" >> beam.io.WriteToText(output))
     except Exception as e:  # whatever the runner raises for a failed job
         last = [line for line in str(e).splitlines() if line.strip()][-1:] or [type(e).__name__]
-        raise PipelineError(f"the Beam pipeline failed: {last[0].strip()} (the runner's log above has the rest); "
-                            f"no rows were written to {output}-*") from e
+        raise PipelineError(f"the Beam pipeline failed: {last[0].strip()}; no rows were written to {output}-*") from e
     finally:
         cloudpickle.unregister_pickle_by_value(handlers)

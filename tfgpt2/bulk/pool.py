@@ -5,7 +5,8 @@ Each batch is appended with one write, then flushed and fsynced. A rerun keeps o
 line number, drops a torn line (a crash mid-write) and generates only the missing lines; a
 batch partly written is generated again and only its missing rows are written. Worker k of N
 takes the batches b with b % N == k, all appending to the output under a lock. A run holds
-<output>.lock, so a second run on the same output is refused while it lasts.
+<output>.lock, so a second run on the same output is refused while it lasts, and removes it when
+it ends.
 """
 import fcntl
 import json
@@ -51,14 +52,36 @@ def read_done(path, *, repair):
 
 def lock(path):
     """An exclusive lock on `path`.lock, held by a run (its workers write under it), so that a
-    second run on the same output is refused instead of writing the same lines again."""
-    fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    second run on the same output is refused instead of writing the same lines again; `unlock`
+    ends it. A lock file that the run before removed once this one had opened it is not held:
+    it is opened again."""
+    while True:
+        fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"{path}: another generate_batch run is writing it (it holds {path}.lock)") from None
+        if _is_file(fd, path + ".lock"):
+            return fd
         os.close(fd)
-        raise ValueError(f"{path}: another generate_batch run is writing it (it holds {path}.lock)") from None
-    return fd
+
+
+def unlock(path, fd):
+    """End `lock`'s hold on `path`.lock and remove the file (removed while held, so that no run
+    can hold the file being removed)."""
+    os.unlink(path + ".lock")
+    os.close(fd)
+
+
+def _is_file(fd, path):
+    """Whether the open file `fd` is the file at `path` now."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
 def append(path, rows):

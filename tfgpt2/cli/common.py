@@ -1,11 +1,13 @@
 """What the commands share: --quiet and the progress they show on stderr (`Progress`), the
-model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loading, sampling
+notices of TensorFlow and Beam kept off the terminal (`Notices`), the model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loading, sampling
 one batch, printing a sample, and ending without a traceback."""
 import argparse
 import codecs
 import inspect
+import os
 import signal
 import sys
+import tempfile
 import time
 
 from tqdm import tqdm
@@ -59,6 +61,37 @@ class Progress:
     def seconds(self):
         """Seconds since the command started."""
         return time.monotonic() - self.start
+
+
+class Notices:
+    """Descriptor 2, this process's stderr and its children's, where TensorFlow and Apache Beam
+    write their notices (start-up lines, workers' logs), into a temporary log file while the
+    block runs, unless `verbose`. `log` is that file (None when verbose); it is removed on
+    leaving unless `keep` was set (a failure the log explains: `where` names it)."""
+
+    def __init__(self, verbose):
+        self.verbose, self.log, self.keep, self._saved = verbose, None, False, None
+
+    def __enter__(self):
+        if not self.verbose:
+            fd, self.log = tempfile.mkstemp(prefix="tfgpt2-", suffix=".log")
+            sys.stderr.flush()
+            self._saved = os.dup(2)
+            os.dup2(fd, 2)
+            os.close(fd)
+        return self
+
+    def __exit__(self, *exc):
+        if self.log:
+            sys.stderr.flush()
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            if not self.keep:
+                os.remove(self.log)
+
+    def where(self):
+        """Where the notices went, as a message names it."""
+        return f"the log {self.log}" if self.log else "the log above"
 
 
 def parse(parser, argv):

@@ -35,16 +35,17 @@ texts), "stop_at_eot". Only lines with the same such fields share a batch; a lin
 "seed" is generated alone, so its text is `tfgpt2.generate`'s for that prompt and seed.
 
 Bad lines (not UTF-8, not a JSON object with a string "prompt", an empty prompt, a prompt
-whose tokens + --length - 1 exceed the context window, a field of a bad value) stop the run
-before any generation with an error naming the line; --skip_bad counts them on stderr and
-goes on.
+whose tokens + --length - 1 exceed the context window, a field of a bad value) are each named
+on stderr, once, with what is wrong, and stop the run before any generation; --skip_bad names
+and counts them and goes on.
 
 --workers N runs N processes of this command, worker k taking the batches b with
 b % N == k, all appending to --output (one write per batch, under a lock). Where
 CUDA_VISIBLE_DEVICES lists devices, worker k sees only the (k % count)-th of them. A worker
 stops when the process that started it is gone; one that fails stops the others.
 
-A run holds <output>.lock: a second run on the same output is refused while it lasts.
+A run holds <output>.lock: a second run on the same output is refused while it lasts (the
+file is removed when the run ends).
 Progress: a line on stderr every few seconds (prompts done, prompts/s, tokens/s); --quiet
 leaves only the errors and the counts of skipped lines.
 
@@ -56,7 +57,9 @@ tfgpt2) may be on any filesystem Beam reads (local, gs://, s3://, hdfs://). The 
 written as the shards <output>-SSSSS-of-NNNNN, the bad lines, with their line number and
 what is wrong, to <output>.errors-00000-of-00001, and the good lines are generated; without
 --skip_bad the command then exits with status 1. A Beam run does not resume: rerun it on a
-new --output (an output with files of an earlier run is refused).
+new --output (an output with files of an earlier run is refused). TensorFlow's and Beam's
+notices (the runner's and its workers' logs) go to a temporary log file, named where the
+pipeline fails, unless --verbose.
 """
 import argparse
 import importlib.util
@@ -71,7 +74,8 @@ from ..bulk import lines, pool
 from ..formats.folders import model_path, vocabulary_source
 from ..hparams import load_hparams
 from .args import ranged
-from .common import Progress, check_flags, encoder_of, end_at_once, load, model_dir, sampling, sampling_parser
+from .common import (Notices, Progress, check_flags, encoder_of, end_at_once, load, model_dir, sampling,
+                     sampling_parser)
 
 HPARAMS_AND_VOCABULARY = ["hparams.json", "encoder.json", "vocab.bpe"]  # what planning reads of a model folder
 
@@ -88,6 +92,9 @@ def arguments(argv, prog="tfgpt2 generate-batch"):
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --workers for its children
     p.add_argument("--engine", choices=["local", "beam"], default="local",
                    help="local: this machine's processes (--workers); beam: an Apache Beam runner (default local)")
+    p.add_argument("--verbose", action="store_true",
+                   help="--engine beam: show TensorFlow's and Beam's notices here (default: in a temporary log, "
+                        "named if the pipeline fails)")
     p.add_argument("--saved_model", metavar="DIR",
                    help="--engine beam: generate with this SavedModel version folder of `tfgpt2 export` (its "
                         "vocabulary: the model folder's where it exists, else GPT-2's)")
@@ -104,19 +111,31 @@ def arguments(argv, prog="tfgpt2 generate-batch"):
 
 
 def input_batches(args, enc, n_ctx, length, n_vocab):
-    """The batches of `bulk.lines.plan_batches` for args.input. Raises ValueError naming the
-    first bad line, unless --skip_bad (then each is reported and counted on stderr)."""
+    """The batches of `bulk.lines.plan_batches` for args.input. The bad lines are reported
+    (`report_bad`) by the run that starts the workers, not again by each; without --skip_bad
+    they raise ValueError."""
     with open(args.input, "rb") as f:
         batches, bad = lines.plan_batches(lines.read_prompts(f), enc, n_ctx=n_ctx, length=length, n_vocab=n_vocab,
                                           batch_size=args.batch_size, context_keep=args.context_keep)
-    for n, problem in bad:
-        where = f"{args.input}:{n + 1} (line {n} counted from 0)"
-        if not args.skip_bad:
-            raise ValueError(f"{where}: {problem} (--skip_bad skips such lines)")
-        print(f"skipped {where}: {problem}", file=sys.stderr)
-    if bad:
-        print(f"skipped {len(bad)} bad line(s) of {args.input}", file=sys.stderr)
+    failed = report_bad(args, bad) if args.worker is None else None
+    if failed:
+        raise ValueError(failed)
     return batches
+
+
+def report_bad(args, bad, written_to=None):
+    """Each bad line of the input, (line number, what is wrong), on stderr once, then their
+    count; what the command's error says of them without --skip_bad (else None)."""
+    if not bad:
+        return None
+    for n, problem in bad:
+        print(f"{'skipped ' if args.skip_bad else ''}{args.input}:{n + 1} (line {n} counted from 0): {problem}",
+              file=sys.stderr)
+    count = f"{len(bad)} bad line(s) of {args.input}" + (f", written to {written_to}" if written_to else "")
+    if args.skip_bad:
+        print(f"skipped {count}", file=sys.stderr)
+        return None
+    return f"{count}, each named above (--skip_bad skips such lines)"
 
 
 def checked_length(args, enc, n_ctx, n_vocab):
@@ -168,7 +187,7 @@ def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
         return run_batches(argv, args, model, enc, length, batches)
     finally:
         if held is not None:
-            os.close(held)
+            pool.unlock(args.output, held)
 
 
 def run_batches(argv, args, model, enc, length, batches):
@@ -195,34 +214,39 @@ def run_batches(argv, args, model, enc, length, batches):
 
 def run_beam(args, options):
     """--engine beam: plan here, write the bad lines, generate on Beam's runner (`bulk.beam`,
-    with Beam's pipeline `options`); the exit status."""
-    from ..bulk import beam, handlers
-    try:
-        if os.path.isdir(args.output):
-            raise ValueError(f"--output {args.output} is a folder: give the prefix of the files to write, "
-                             f"for example {os.path.join(args.output, 'rows')}")
-        path, enc, n_ctx, n_vocab = beam_model(args)
-        length = checked_length(args, enc, n_ctx, n_vocab)
-        settings = dict(keywords=keywords(args, enc), length=length, batch_size=args.batch_size)
-        handler = handlers.GPT2SavedModelHandler(path, enc.encoding, n_vocab=n_vocab, eot=enc.eot_token, **settings) \
-            if args.saved_model else handlers.GPT2ModelHandler(path, dtype=args.dtype, tf32=args.tf32, **settings)
-        if not any(option.startswith("--default_sdk_harness_log_level") for option in options):
-            options = [*options, "--default_sdk_harness_log_level=WARNING"]  # the workers' INFO lines off
-        start = time.monotonic()
-        rows, bad = beam.generate_files(args.input, args.output, handler, enc, n_ctx=n_ctx, n_vocab=n_vocab,
-                                        length=length, batch_size=args.batch_size, seed=args.seed,
-                                        context_keep=args.context_keep, options=options)
-    except (OSError, ValueError, beam.PipelineError) as e:
-        return f"error: {e}"
+    with Beam's pipeline `options`), TensorFlow's and Beam's notices in a log unless --verbose;
+    then report the bad lines. The exit status."""
+    start = time.monotonic()
+    with Notices(args.verbose) as notices:
+        from ..bulk import beam  # its import's notices too
+        try:
+            rows, bad = beam_files(args, options)
+        except (OSError, ValueError) as e:
+            return f"error: {e}"
+        except beam.PipelineError as e:
+            notices.keep = True
+            return f"error: {e} ({notices.where()} has the rest)"
     Progress(args.quiet).note(f"{rows} prompts in {time.monotonic() - start:.1f} s: {args.output}-*-of-*")
-    if bad:
-        errors = f"{args.output}.errors-00000-of-00001"
-        if not args.skip_bad:
-            n, problem = bad[0]
-            return (f"error: {len(bad)} bad line(s) of {args.input}, written to {errors}; the first: line {n + 1} "
-                    f"(line {n} counted from 0): {problem} (--skip_bad skips such lines)")
-        print(f"skipped {len(bad)} bad line(s) of {args.input}, written to {errors}", file=sys.stderr)
-    return 0
+    failed = report_bad(args, bad, f"{args.output}.errors-00000-of-00001")
+    return f"error: {failed}" if failed else 0
+
+
+def beam_files(args, options):
+    """The rows of --engine beam written by `bulk.beam.generate_files`: (their count, the bad lines)."""
+    from ..bulk import beam, handlers
+    if os.path.isdir(args.output):
+        raise ValueError(f"--output {args.output} is a folder: give the prefix of the files to write, "
+                         f"for example {os.path.join(args.output, 'rows')}")
+    path, enc, n_ctx, n_vocab = beam_model(args)
+    length = checked_length(args, enc, n_ctx, n_vocab)
+    settings = dict(keywords=keywords(args, enc), length=length, batch_size=args.batch_size)
+    handler = handlers.GPT2SavedModelHandler(path, enc.encoding, n_vocab=n_vocab, eot=enc.eot_token, **settings) \
+        if args.saved_model else handlers.GPT2ModelHandler(path, dtype=args.dtype, tf32=args.tf32, **settings)
+    if not any(option.startswith("--default_sdk_harness_log_level") for option in options):
+        options = [*options, "--default_sdk_harness_log_level=WARNING"]  # the workers' INFO lines off
+    return beam.generate_files(args.input, args.output, handler, enc, n_ctx=n_ctx, n_vocab=n_vocab, length=length,
+                               batch_size=args.batch_size, seed=args.seed, context_keep=args.context_keep,
+                               options=options)
 
 
 def beam_model(args):

@@ -37,7 +37,7 @@ from ..sample import generate
 from . import data, distribute
 from .config import TrainConfig
 from .optimizers import make_optimizer, trained_variables
-from .run_folder import find_start, locked, read_best, restore_optimizer, save_run, write_run_files
+from .run_folder import find_start, latest_of, locked, read_best, restore_optimizer, save_run, write_run_files
 from .step import Trainer
 
 
@@ -213,9 +213,8 @@ class Run:
                            always=True)
             return False
         folder = self.run_dir or self.config.run_dir
-        raise ValueError(f"{folder}: {what}, not finite: the run stops, saving nothing (its latest checkpoint: "
-                         f"{tf.train.latest_checkpoint(folder)}); try a lower --learning_rate, --clip_norm, or "
-                         "--max_bad_steps to skip a few such updates")
+        raise ValueError(f"{folder}: {what}, not finite: the run stops, saving nothing ({latest_of(folder)}); try "
+                         "a lower --learning_rate, --clip_norm, or --max_bad_steps to skip a few such updates")
 
     def save(self, step, best):
         """The weights and optimizer state of `step` in the run folder (and adapters on `base`),

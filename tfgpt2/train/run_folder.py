@@ -92,7 +92,7 @@ def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=(), lor
     bad = [name for name, value in weights.items() if not bool(tf.reduce_all(tf.math.is_finite(value)))]
     if bad:
         raise ValueError(f"{run_dir}: step {step}'s weights are not finite ({bad[0]} holds NaN or inf): not saved, "
-                         f"the run folder is as it was (its latest: {tf.train.latest_checkpoint(run_dir)})")
+                         f"the run folder is as it was ({latest_of(run_dir)})")
     save_tensors(run_dir, f"optimizer-{step}",
                  {f"optimizer/{i}": v for i, v in enumerate(optimizer_state(optimizer))})
     if model.lora_targets:
@@ -108,6 +108,12 @@ def save_run(run_dir, model, optimizer, step, *, max_checkpoints=1, keep=(), lor
         kind, s = os.path.basename(path).split(".")[0].split("-")
         if int(s) not in kept or (kind == "optimizer" and int(s) != step):
             os.remove(path)
+
+
+def latest_of(run_dir):
+    """The run folder's latest checkpoint, as a message says it (a new run has none yet)."""
+    latest = tf.train.latest_checkpoint(run_dir)
+    return f"its latest checkpoint: {latest}" if latest else "it holds no checkpoint yet"
 
 
 def optimizer_state(optimizer):
