@@ -208,6 +208,39 @@ def test_the_python_m_names_are_the_readmes():
     assert not [name for name in PYTHON_M if f"python -m {name}" not in readme]
 
 
+# ---- short functions ---------------------------------------------------------------------------
+
+LONGEST = 60  # lines of a function, its def and docstring included
+
+
+def long_functions(folders):
+    """(path:line, name, lines) of each function or method longer than LONGEST under `folders`."""
+    found = []
+    for path in sorted(p for folder in folders for p in folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST:
+                    found.append((f"{os.path.relpath(path, ROOT)}:{node.lineno}", node.name, lines))
+    return found
+
+
+def test_no_function_is_over_60_lines():
+    """In the package and the tools: a longer one is split into named steps."""
+    found = long_functions([PACKAGE, ROOT / "tools"])
+    assert not found, "functions over 60 lines: " + ", ".join(f"{where} {name} ({n})" for where, name, n in found)
+
+
+def test_the_length_check_counts_a_functions_lines(tmp_path):
+    """On a file with a known answer: a 61-line function (a nested one of 61 too), one of 60."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(59))
+    inner = "\n".join(f"        y{i} = {i}" for i in range(60))
+    (tmp_path / "m.py").write_text(f"def long():\n{body}\n    return 0\n\n\ndef short():\n{body}\n\n\n"
+                                   f"class C:\n    def method(self):\n{inner}\n")
+    found = long_functions([tmp_path])
+    assert [(name, n) for _, name, n in found] == [("long", 61), ("method", 61)]
+
+
 # ---- the README's account of the house -------------------------------------------------------
 
 README = (ROOT / "README.md").read_text()

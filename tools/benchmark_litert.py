@@ -115,7 +115,7 @@ def litert_loss(file, tokens):
     return float(np.mean(losses))
 
 
-def main(argv=None):
+def arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", help="a model folder (default: a 124M-shaped one, std 0.1, made here)")
     parser.add_argument("--text", default=argparse.__file__, help="the real text for the losses")
@@ -128,73 +128,83 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--child", nargs=2, metavar=("FORM", "PATH"), help=argparse.SUPPRESS)
     report.add_arguments(parser, "litert")
-    args = parser.parse_args(argv)
-    timing = dict(prompt_len=args.prompt_len, short=args.short, long=args.long, runs=args.runs)
-    if args.child:
-        print(json.dumps(child(*args.child, **timing)))
-        return 0
+    return parser.parse_args(argv)
 
-    from tfgpt2.encoder import default_encoder
+
+def export_forms(model, model_dir, tmp):
+    """Each form of FORMS written under `tmp`: ({form: path}, {form: seconds to write it}, the
+    Keras int8 model)."""
     from tfgpt2.formats.checkpoint import load_model
-    from tfgpt2.formats.litert import LiteRTModel, export_litert
-    from tfgpt2.formats.saved_model import export_saved_model, folder_bytes
-    from tfgpt2.hparams import published_hparams
-    from tfgpt2.testing.checkpoints import make_checkpoint
-    from tfgpt2.train.perplexity import evaluate
-    with tempfile.TemporaryDirectory(prefix="tfgpt2-litert-bench-") as tmp:
-        model_dir = args.model_dir or make_checkpoint(os.path.join(tmp, "124M"), published_hparams("124M"), std=0.1)
-        paths, export_s = {}, {}
-        model = load_model(model_dir)
-        for form, make in [
-            ("SavedModel float32", lambda p: export_saved_model(model, p)),
-            ("LiteRT float32", lambda p: export_litert(model, p + ".tflite")),
-            ("LiteRT int8", lambda p: export_litert(model, p + ".tflite", quantize="int8")),
-        ]:
-            start = time.perf_counter()
-            paths[form] = make(os.path.join(tmp, form.replace(" ", "_")))
-            export_s[form] = time.perf_counter() - start
-        quantized = load_model(model_dir)
+    from tfgpt2.formats.litert import export_litert
+    from tfgpt2.formats.saved_model import export_saved_model
+    paths, export_s = {}, {}
+    for form, make in [
+        ("SavedModel float32", lambda p: export_saved_model(model, p)),
+        ("LiteRT float32", lambda p: export_litert(model, p + ".tflite")),
+        ("LiteRT int8", lambda p: export_litert(model, p + ".tflite", quantize="int8")),
+    ]:
         start = time.perf_counter()
-        quantized.quantize("int8")
-        paths[FORMS[3]] = os.path.join(tmp, "int8.keras")
-        quantized.save(paths[FORMS[3]])
-        export_s[FORMS[3]] = time.perf_counter() - start
+        paths[form] = make(os.path.join(tmp, form.replace(" ", "_")))
+        export_s[form] = time.perf_counter() - start
+    quantized = load_model(model_dir)
+    start = time.perf_counter()
+    quantized.quantize("int8")
+    paths[FORMS[3]] = os.path.join(tmp, "int8.keras")
+    quantized.save(paths[FORMS[3]])
+    export_s[FORMS[3]] = time.perf_counter() - start
+    return paths, export_s, quantized
 
-        rows = []
-        for form in FORMS:
-            out = subprocess.run([sys.executable, __file__, "--child", form, paths[form]]
-                                 + [f"--{k}={v}" for k, v in timing.items()],
-                                 capture_output=True, text=True, check=True)
-            measured = json.loads(out.stdout.strip().splitlines()[-1])
-            size = folder_bytes(paths[form]) if os.path.isdir(paths[form]) else os.path.getsize(paths[form])
-            rows.append({"form": form, "export_s": export_s[form], "size_mb": size / 1e6,
-                         "load_peak_mb": measured["load peak MB"],
-                         "ms_per_token": report.spread(measured["ms per token"])})
 
-        float_file, int8_file = (LiteRTModel(paths[f"LiteRT {kind}"], num_threads=os.cpu_count())
-                                 for kind in ("float32", "int8"))
-        lite_agree, keras_agree = agreement(quantized, float_file, int8_file,
-                                            prompts=args.prompts, steps=args.steps)
-        with open(args.text, encoding="utf-8") as f:
-            tokens = [default_encoder().eot_token] + default_encoder().encode(f.read())[:args.tokens - 1]
-        keras_f, keras_q = (evaluate(m, tokens)["loss"] for m in (model, quantized))
-        lite_f, lite_q = litert_loss(float_file, tokens), litert_loss(int8_file, tokens)
-    quality = [
+def speed_rows(paths, export_s, timing):
+    """A row per form: export time, size, and a fresh process's load peak and decode speed (`child`)."""
+    from tfgpt2.formats.saved_model import folder_bytes
+    rows = []
+    for form in FORMS:
+        out = subprocess.run([sys.executable, __file__, "--child", form, paths[form]]
+                             + [f"--{k}={v}" for k, v in timing.items()],
+                             capture_output=True, text=True, check=True)
+        measured = json.loads(out.stdout.strip().splitlines()[-1])
+        size = folder_bytes(paths[form]) if os.path.isdir(paths[form]) else os.path.getsize(paths[form])
+        rows.append({"form": form, "export_s": export_s[form], "size_mb": size / 1e6,
+                     "load_peak_mb": measured["load peak MB"], "ms_per_token": report.spread(measured["ms per token"])})
+    return rows
+
+
+def quality_rows(args, model, quantized, paths):
+    """The int8 forms against float32 (greedy agreement, losses over --text), and the number of
+    tokens the losses are over."""
+    from tfgpt2.encoder import default_encoder
+    from tfgpt2.formats.litert import LiteRTModel
+    from tfgpt2.train.perplexity import evaluate
+    float_file, int8_file = (LiteRTModel(paths[f"LiteRT {kind}"], num_threads=os.cpu_count())
+                             for kind in ("float32", "int8"))
+    lite_agree, keras_agree = agreement(quantized, float_file, int8_file, prompts=args.prompts, steps=args.steps)
+    with open(args.text, encoding="utf-8") as f:
+        tokens = [default_encoder().eot_token] + default_encoder().encode(f.read())[:args.tokens - 1]
+    keras_f, keras_q = (evaluate(m, tokens)["loss"] for m in (model, quantized))
+    lite_f, lite_q = litert_loss(float_file, tokens), litert_loss(int8_file, tokens)
+    return [
         {"form": "LiteRT int8", "agreement": lite_agree, "loss_f": lite_f, "loss_q": lite_q, "ratio": lite_q / lite_f},
         {"form": "Keras int8 (XLA)", "agreement": keras_agree, "loss_f": keras_f, "loss_q": keras_q,
          "ratio": keras_q / keras_f},
-    ]
+    ], len(tokens)
+
+
+def notes_of(args, n_tokens):
     weights = ("the model folder's weights" if args.model_dir
                else "random 124M-shaped weights (std 0.1), made by the tool")
-    notes = [f"Weights: {weights}; with random weights the quality figures say how closely int8 follows float32, "
-             "not how well either models text.",
-             f"Decode: batch 1, after a {args.prompt_len}-token prompt. SavedModel and Keras: the XLA generate loop, "
-             f"time per token from {args.long} and {args.short} new tokens, per pair of runs ({args.runs}). LiteRT: "
-             f"each of {args.long - 1} decode calls (num_threads: all cores). Load peak: a fresh process's peak RSS once "
-             "loaded, its runtime's import included (LiteRT: ai_edge_litert without TensorFlow).",
-             f"Quality: int8's argmax along float32's greedy sequence, {args.steps} steps after each of {args.prompts} "
-             f"random prompts; mean loss over the first {len(tokens)} tokens of {os.path.basename(args.text)}, "
-             "int8 / float32."]
+    return [f"Weights: {weights}; with random weights the quality figures say how closely int8 follows float32, "
+            "not how well either models text.",
+            f"Decode: batch 1, after a {args.prompt_len}-token prompt. SavedModel and Keras: the XLA generate loop, "
+            f"time per token from {args.long} and {args.short} new tokens, per pair of runs ({args.runs}). LiteRT: "
+            f"each of {args.long - 1} decode calls (num_threads: all cores). Load peak: a fresh process's peak RSS once "
+            "loaded, its runtime's import included (LiteRT: ai_edge_litert without TensorFlow).",
+            f"Quality: int8's argmax along float32's greedy sequence, {args.steps} steps after each of {args.prompts} "
+            f"random prompts; mean loss over the first {n_tokens} tokens of {os.path.basename(args.text)}, "
+            "int8 / float32."]
+
+
+def publish(args, argv, rows, quality, n_tokens):
     speed = [report.column("form", "form"), report.column("export_s", "export s", ".1f"),
              report.column("size_mb", "size MB", ".1f"), report.column("load_peak_mb", "load peak RSS MB", ".0f"),
              report.column("ms_per_token", "decode ms per token", ".1f")]
@@ -205,7 +215,25 @@ def main(argv=None):
                                               "prompts", "steps")}
     report.publish(args, "LiteRT and int8", [report.table(speed, rows, "Size, memory, speed"),
                                             report.table(quality_columns, quality, "int8 against float32")],
-                   tool=__file__, argv=argv, settings=settings, notes=notes)
+                   tool=__file__, argv=argv, settings=settings, notes=notes_of(args, n_tokens))
+
+
+def main(argv=None):
+    args = arguments(argv)
+    timing = dict(prompt_len=args.prompt_len, short=args.short, long=args.long, runs=args.runs)
+    if args.child:
+        print(json.dumps(child(*args.child, **timing)))
+        return 0
+    from tfgpt2.formats.checkpoint import load_model
+    from tfgpt2.hparams import published_hparams
+    from tfgpt2.testing.checkpoints import make_checkpoint
+    with tempfile.TemporaryDirectory(prefix="tfgpt2-litert-bench-") as tmp:
+        model_dir = args.model_dir or make_checkpoint(os.path.join(tmp, "124M"), published_hparams("124M"), std=0.1)
+        model = load_model(model_dir)
+        paths, export_s, quantized = export_forms(model, model_dir, tmp)
+        rows = speed_rows(paths, export_s, timing)
+        quality, n_tokens = quality_rows(args, model, quantized, paths)
+    publish(args, argv, rows, quality, n_tokens)
     return 0
 
 

@@ -259,7 +259,7 @@ def headlines_of(rows, args):
             for name, r in ok.items()]
 
 
-def main(argv=None):
+def arguments(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
     p.add_argument("--batch", type=int, default=4)
@@ -285,11 +285,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.accumulate > 1 and not args.worker and set(args.candidates) - {"tfgpt2", "tfgpt2-float32"}:
         p.error("--accumulate is tfgpt2's alone: add --candidates tfgpt2")
-    if args.worker:
-        return worker(args)
-    with open(os.path.join(args.model_dir, "hparams.json")) as f:
-        hparams = json.load(f)
-    flops, lora_flops = flops_per_token(hparams, args.length), flops_per_token(hparams, args.length, lora=True)
+    return args
+
+
+def measure(args, flops):
+    """Each installed candidate's runs, taking turns --repeats times: (the report's rows, the
+    candidates measured, those not installed). `flops`: per token, without and with LoRA."""
     candidates, missing = [], []
     for candidate in args.candidates:
         (candidates if installed(candidate) else missing).append(candidate)
@@ -298,10 +299,14 @@ def main(argv=None):
         for candidate in candidates:
             print(f"measuring {candidate} ...", file=sys.stderr, flush=True)
             results[candidate].append(run_worker(candidate, args))
-    rows = [row_of(candidate, runs, (flops, lora_flops)) for candidate, runs in results.items()]
+    return [row_of(candidate, runs, flops) for candidate, runs in results.items()], candidates, missing
+
+
+def notes_of(args, hparams, candidates, missing, flops):
+    """The report's notes: the setup, how the figures are made, LoRA's adapters, what is not installed."""
+    (flops, lora_flops), others = flops, [c for c in candidates if not c.startswith("tfgpt2")]
     options = "".join([" remat" * args.remat, " without XLA" * args.no_xla,
                        f" accumulating {args.accumulate} micro-batches" * (args.accumulate > 1)])
-    others = [c for c in candidates if not c.startswith("tfgpt2")]
     notes = [f"Training steps on batches of {args.batch} x {args.length} predicted tokens; tfgpt2: "
              f"{args.optimizer}, {args.precision}{options}" + ("; the others: Adam, float32. " if others else ". ")
              + f"Tokens/s of each of {plural(args.steps, 'step')} after {plural(args.warmup, 'warm-up step')}, "
@@ -316,19 +321,28 @@ def main(argv=None):
                      "--remat, holds the GiB of the second table.")
     if missing:
         notes.append(f"Not installed here: {', '.join(missing)}.")
+    return notes
+
+
+def main(argv=None):
+    args = arguments(argv)
+    if args.worker:
+        return worker(args)
+    with open(os.path.join(args.model_dir, "hparams.json")) as f:
+        hparams = json.load(f)
+    flops = flops_per_token(hparams, args.length), flops_per_token(hparams, args.length, lora=True)
+    rows, candidates, missing = measure(args, flops)
     settings = {k: getattr(args, k) for k in ("model_dir", "batch", "length", "steps", "warmup", "repeats",
                                               "candidates", "precision", "remat", "optimizer", "no_xla",
                                               "accumulate", "lora_rank")}
-    settings["flops_per_token"] = flops
-    settings["lora_flops_per_token"] = lora_flops
-    headlines = headlines_of(rows, args)
+    settings["flops_per_token"], settings["lora_flops_per_token"] = flops
     columns = COLUMNS + [ERROR] * any("error" in r for r in rows)
     tables = [report.table(columns, rows)]
     if "tfgpt2-lora" in candidates:
         tables.append(report.table(ACCOUNTING, gpu_accounting(hparams, args.length, args.lora_rank),
                                    title=f"On a GPU, computed: GiB held by a step of 1 x {args.length} tokens"))
-    report.publish(args, "Fine-tuning speed", tables, tool=__file__, argv=argv,
-                   settings=settings, notes=notes, headlines=headlines)
+    report.publish(args, "Fine-tuning speed", tables, tool=__file__, argv=argv, settings=settings,
+                   notes=notes_of(args, hparams, candidates, missing, flops), headlines=headlines_of(rows, args))
     return 1 if any("error" in r for r in rows) else 0
 
 
