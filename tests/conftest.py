@@ -1,5 +1,7 @@
-"""Shared fixtures. `../shared` (beside the repository root) holds the reference code and
-vocabulary; tests that need it skip with a reason where it is absent.
+"""Shared fixtures; what tests share besides fixtures (paths, shapes, helpers) is in
+`tests/helpers.py`, which tests import; no test imports conftest. `../shared` (beside the
+repository root) holds the reference code and vocabulary; tests that need it skip with a reason
+where it is absent.
 
 Model folders are written once per test worker (the 124M-shaped one once per run) by
 `tfgpt2.testing.checkpoints.make_checkpoint` (the code behind `tfgpt2 make-checkpoint`), with
@@ -7,6 +9,7 @@ weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits
 124M-shaped model is loaded once per worker (`gpt2_124m`) for the tests that only read it, and
 OpenAI's code on the tiny and the 124M folders started once per worker (`reference_tiny`,
 `reference_124m`; test_model.py and test_train.py need the 124M one, a process of about 1 GB).
+Models a test file loads (`tiny`) live as long as the file's tests.
 XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
 by workers and children. On a GPU, the workers share it (TF_FORCE_GPU_ALLOW_GROWTH); tests
 marked `gpu` need one and skip, saying so, where TensorFlow sees none.
@@ -16,10 +19,14 @@ import collections
 import fcntl
 import gc
 import os
+import resource
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
+
+_STARTED = time.monotonic()
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Each process takes GPU memory as it needs it, not all of it at start: several workers (and
@@ -41,16 +48,9 @@ if "tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tfgpt2.testing.reference_diff import ATOL  # noqa: E402,F401  the one tolerance against the reference
-from tfgpt2.hparams import default_hparams, published_hparams  # noqa: E402
+from tests.helpers import MICRO, TINY, WIDE, model_folder, require_reference  # noqa: E402
+from tfgpt2.hparams import published_hparams  # noqa: E402
 from tfgpt2.testing.checkpoints import make_checkpoint  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TFGPT2_SHARED", ROOT.parent / "shared"))
-REFERENCE_SRC = SHARED / "openai-gpt-2" / "src"
-
-TINY = dict(n_vocab=50257, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
-WIDE = dict(n_vocab=50257, n_ctx=128, n_embd=1024, n_head=16, n_layer=2)
 
 
 def pytest_collection_modifyitems(items):
@@ -79,9 +79,36 @@ def pytest_runtest_setup(item):
     or more late in a worker (Keras runs one per `del` of a layer's variable), and a test of a
     late file could spend 16 s in them. Garbage is still found among the objects made after."""
     if _frozen_at != [item.path]:
+        log_memory(_frozen_at[0] if _frozen_at else None)
         _frozen_at[:] = [item.path]
         gc.collect()
         gc.freeze()
+
+
+def pytest_sessionfinish(session):
+    log_memory(_frozen_at[0] if _frozen_at else None)
+
+
+_last = {}  # the wall and CPU seconds when the last file ended
+
+
+def log_memory(finished):
+    """Where TFGPT2_MEMORY_LOG names a file, a line per test file that this process finished:
+    worker, file, wall seconds, CPU seconds (its own and its ended children's), resident MB at
+    its end, this process's peak resident MB so far, the largest ended child's peak so far
+    (tab-separated; it measures the suite and asserts nothing)."""
+    path = os.environ.get("TFGPT2_MEMORY_LOG")
+    if not path or finished is None:
+        return
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    now = {"wall": time.monotonic(), "cpu": own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime}
+    wall, cpu = (now[k] - _last.get(k, 0 if k == "cpu" else _STARTED) for k in ("wall", "cpu"))
+    _last.update(now)
+    with open(path, "a") as f:
+        f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{Path(finished).name}\t{wall:.1f}\t{cpu:.1f}"
+                f"\t{resident:.0f}\t{own.ru_maxrss / 1024:.0f}\t{children.ru_maxrss / 1024:.0f}\n")
 
 
 def gpu_visible():
@@ -95,39 +122,43 @@ HEAVIEST = ["test_train.py", "test_sample.py", "test_export.py", "test_distribut
             "test_package.py", "test_precision.py", "test_benchmarks.py", "test_model.py"]
 
 
-def require_reference():
-    """Skip the calling test where OpenAI's reference code is not available."""
-    if not (REFERENCE_SRC / "model.py").is_file():
-        pytest.skip(f"reference code not found at {REFERENCE_SRC} (set TFGPT2_SHARED)")
-    return REFERENCE_SRC
-
-
-def execute_notebook(path):
-    """Run the notebook at `path` (saved without outputs) top to bottom in a kernel of this
-    interpreter, from its folder; returns its printed output."""
-    import nbformat
-    from nbclient import NotebookClient
-    nb = nbformat.read(path, as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells), f"save {path} without outputs"
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(Path(path).parent)}}).execute()
-    return "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
-
-
-def _folder(tmp_path_factory, name, hparams, std):
-    return str(make_checkpoint(str(tmp_path_factory.mktemp("models") / name), hparams, std=std, seed=1))
-
-
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """2 layers, n_embd 64, the real vocabulary size; std 0.3 weights."""
-    return _folder(tmp_path_factory, "tiny", default_hparams().override_from_dict(TINY), 0.3)
+    return model_folder(tmp_path_factory, "tiny", TINY, 0.3)
 
 
 @pytest.fixture(scope="session")
 def wide_dir(tmp_path_factory):
     """The 355M block shape (n_head 16, n_embd 1024) with 2 layers; std 0.1 weights."""
-    return _folder(tmp_path_factory, "wide", default_hparams().override_from_dict(WIDE), 0.1)
+    return model_folder(tmp_path_factory, "wide", WIDE, 0.1)
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory):
+    """One block of width 32, std 0.3 weights: for the tests that compare fine-tuning runs with
+    runs (quicker to compile)."""
+    return model_folder(tmp_path_factory, "micro", MICRO, 0.3, seed=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    """The model of `tiny_dir`, loaded once per test file (its compiled functions freed with it)."""
+    from tfgpt2.formats.checkpoint import load_model
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def last_logits(tiny):
+    """f(row) -> `tiny`'s float32 logits after the last token of one row, by a plain forward
+    pass (`model(X)`, no cache), compiled once for any row length: the last block's output at the
+    last position through the final norm and `wte` (the logits of the other positions, unused,
+    are left out of the graph: a fifth of the time)."""
+    import tensorflow as tf
+    spec = tf.TensorSpec([1, None], tf.int32)
+    f = tf.function(lambda x: tiny.lm_logits(tiny(x, return_hidden=True)["hidden"][:, -1, -1:])[0, -1],
+                    input_signature=[spec])
+    return lambda row: f(tf.constant([row], tf.int32)).numpy()
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +166,7 @@ def gpt2_124m_dir(tmp_path_factory):
     """124M-shaped weights of std 0.1 (about 500 MB on disk), written once for all the run's
     workers (in the folder above theirs, under a lock): read it, never write into it."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return _folder(tmp_path_factory, "124M", published_hparams("124M"), 0.1)
+        return model_folder(tmp_path_factory, "124M", published_hparams("124M"), 0.1)
     shared = tmp_path_factory.getbasetemp().parent  # the run's folder, above each worker's
     with open(shared / "124M.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

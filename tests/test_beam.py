@@ -12,8 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.test_layout import modules, resolve
+from tests.helpers import ROOT, modules, resolve
 from tfgpt2.cli import generate_batch
 from tfgpt2.formats.checkpoint import load_model
 from tfgpt2.formats.folders import encoder_of

@@ -2,7 +2,7 @@
 import pytest
 
 from tools.benchmark_train import has_modules, hf_python
-from test_benchmarks import assert_report, rows, run_tool
+from tests.helpers import assert_report, rows, run_tool
 
 
 @pytest.mark.slow  # a fresh TensorFlow process

@@ -5,8 +5,7 @@ import sys
 import pytest
 
 from tools.benchmark_train import flops_per_token
-from conftest import ROOT, TINY
-from test_benchmarks import assert_report, rows, run_tool
+from tests.helpers import ROOT, TINY, assert_report, rows, run_tool
 
 
 def test_flops_per_token_of_124m():

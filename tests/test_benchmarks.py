@@ -6,78 +6,17 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from tools import collect, report
-from tools.machine import describe
-from conftest import ROOT, SHARED
-
-KEYS = {"name", "title", "tool", "command", "machine", "versions", "date", "commit", "local_changes", "settings",
-        "notes", "tables", "headlines"}
-
-
-def run_tool(tool, *flags, env=None, timeout=600):
-    """`python tools/<tool> FLAGS` from the repository root, as the docs say to run it."""
-    done = subprocess.run([sys.executable, f"tools/{tool}", *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, **(env or {})))
-    return done
+from tests.helpers import REPORT_KEYS, ROOT, SHARED, assert_report, rows, run_tool
 
 
 def run_main(tool, *flags):
     """The tool's main() on FLAGS in this process (a tool that runs in one process): its status."""
     import importlib
     return importlib.import_module(f"tools.{tool}").main(list(flags))
-
-
-def table_lines(markdown, columns):
-    """The rows of the Markdown table whose header row is `columns`' headers, as lists of cells."""
-    header = "| " + " | ".join(c["header"] for c in columns) + " |"
-    lines = markdown.splitlines()
-    start = lines.index(header) + 2  # header, alignment row
-    rows = []
-    for line in lines[start:]:
-        if not line.startswith("| "):
-            break
-        rows.append([c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]])
-    return rows
-
-
-def assert_report(folder, name, tool):
-    """The report `name` in `folder`: every key, this machine and these versions, the command
-    that wrote it, and a Markdown file that is the JSON's rendering and shows each row's figures
-    (a spread's median first). Returns the JSON."""
-    with open(os.path.join(folder, f"{name}.json")) as f:
-        data = json.load(f)
-    with open(os.path.join(folder, f"{name}.md")) as f:
-        text = f.read()
-    assert set(data) == KEYS, data.keys()
-    assert data["name"] == name and data["tool"] == f"tools/{tool}"
-    assert data["command"].startswith(f"python tools/{tool} ")
-    assert data["machine"] == describe()
-    assert {"python", "tensorflow", "keras", "numpy", "tiktoken"} <= set(data["versions"])
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", data["date"])
-    assert re.fullmatch(r"[0-9a-f]{4,40}|unknown", data["commit"])
-    assert text == report.markdown(data)
-    assert text.startswith(f"## {data['title']}\n")
-    assert f"`{data['command']}`" in text and data["machine"] in text and data["date"][:10] in text
-    assert f"tensorflow {data['versions']['tensorflow']}" in text and "commit" not in text  # the commit stays in the JSON
-    for t in data["tables"]:
-        shown = table_lines(text, t["columns"])
-        assert len(shown) == len(t["rows"])
-        for row, cells in zip(t["rows"], shown):
-            for c, cell in zip(t["columns"], cells):
-                value = row.get(c["key"])
-                assert cell == report.cell(value, c["format"]).replace("\\|", "|")
-                if report.is_spread(value):
-                    assert cell.split(" (")[0] == format(value["median"], c["format"])
-                    assert value["min"] <= value["median"] <= value["max"]
-    return data
-
-
-def rows(data, table=0):
-    return data["tables"][table]["rows"]
 
 
 # ---- report.py ----------------------------------------------------------------------------
@@ -168,7 +107,7 @@ def test_docs_page_is_the_committed_reports():
         pytest.skip("no committed reports")
     for name, data, text in collect.reports(folder):
         assert text == report.markdown(data), name
-        assert set(data) == KEYS, name
+        assert set(data) == REPORT_KEYS, name
     with open(docs) as f:
         assert f.read() == collect.page(folder, docs), "run python tools/collect.py"
 
@@ -177,7 +116,7 @@ def test_docs_page_is_the_committed_reports():
 
 @pytest.mark.slow
 def test_generation_report_against_the_reference(tiny_dir, tmp_path):
-    from conftest import require_reference
+    from tests.helpers import require_reference
     require_reference()
     done = run_tool("benchmark.py", "--model_dir", tiny_dir, "--batch", "1", "2", "--candidates", "tfgpt2-xla",
                     "reference", "--runs", "2", "--short", "4", "--long", "12", "--prompt_len", "8",
@@ -283,7 +222,7 @@ def test_export_report(tiny_dir, tmp_path):
 def test_memory_report(tiny_dir, tmp_path):
     """The figures the tests leave to a report: each measured in fresh processes, each ratio
     that of its own figures (with one run, exactly)."""
-    from conftest import TINY
+    from tests.helpers import TINY
     assert run_main("benchmark_memory", "--model_dir", tiny_dir, "--hparams", json.dumps(TINY), "--runs", "1",
                     "--report", str(tmp_path)) == 0
     data = assert_report(str(tmp_path), "memory", "benchmark_memory.py")

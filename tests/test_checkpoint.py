@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import ATOL, TINY, require_reference
+from tests.helpers import ATOL, TINY, require_reference
 from tfgpt2 import CheckpointError, load_model, save_model
 from tfgpt2.formats import bundle
 from tfgpt2.formats.checkpoint import save_checkpoint

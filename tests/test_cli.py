@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from tfgpt2.cli import common, generate_batch
 from tfgpt2.cli import main as cli
 from tfgpt2.cli.export import main as export_main

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, execute_notebook, require_reference
+from tests.helpers import ROOT, execute_notebook, require_reference
 from tfgpt2.testing import reference_diff
 from tfgpt2.testing import reference as reference_module
 from tfgpt2.formats.checkpoint import load_model

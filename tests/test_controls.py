@@ -1,47 +1,15 @@
 """The generation controls (tfgpt2/decoding/controls.py): logit bias, repetition, presence and
 frequency penalties, min-p, stop sequences and streaming, against a plain NumPy loop over the
-model's logits written here, against Hugging Face's processors where installed, and their
-checks."""
+model's logits (`tests.helpers.reference_logits`), against Hugging Face's processors where
+installed, and their checks."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.test_sample import chi_square, filtered_softmax, prompts_for
-from tfgpt2 import load_model
+from tests.helpers import chi_square, filtered_softmax, prompts_for, reference_logits
 from tfgpt2.decoding import controls as control
 from tfgpt2.decoding.generator import generator_for
 from tfgpt2.sample import choose, generate, min_p_logits, sample_sequence
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return load_model(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def last_logits(tiny):
-    """The model's float32 logits after the last token of one row, by a plain forward pass
-    (`model(X)`, no cache), compiled once for any row length: the last block's output at the
-    last position through the final norm and `wte` (the logits of the other positions, unused,
-    are left out of the graph: a fifth of the time)."""
-    spec = tf.TensorSpec([1, None], tf.int32)
-    f = tf.function(lambda x: tiny.lm_logits(tiny(x, return_hidden=True)["hidden"][:, -1, -1:])[0, -1],
-                    input_signature=[spec])
-    return lambda row: f(tf.constant([row], tf.int32)).numpy()
-
-
-def reference_logits(logits, prompt, new, *, logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0,
-                     frequency_penalty=0.0, **_):
-    """The semantics of the controls that act on logits, one row, in float32."""
-    logits = logits.astype(np.float32).copy()
-    for token, value in (logit_bias or {}).items():
-        logits[token] += np.float32(-np.inf if value <= -100 else value)
-    if repetition_penalty != 1.0:
-        seen = sorted(set(prompt) | set(new))
-        p = np.float32(repetition_penalty)
-        logits[seen] = np.where(logits[seen] > 0, logits[seen] / p, logits[seen] * p)
-    counts = np.bincount(np.asarray(new, np.int64), minlength=len(logits)).astype(np.float32)
-    return logits - (np.float32(frequency_penalty) * counts + np.float32(presence_penalty) * (counts > 0))
 
 
 def reference_greedy(last_logits, prompt, length, stop=(), **controls):

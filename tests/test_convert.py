@@ -10,7 +10,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tests.conftest import TINY
+from tests.helpers import TINY
 from tfgpt2 import load_model
 from tfgpt2.formats.hf_kerashub import ConversionError, convert, load, read, save, write
 from tfgpt2.hparams import default_hparams

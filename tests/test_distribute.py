@@ -13,7 +13,6 @@ such rounding, by the size of its move.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,9 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import ROOT
-from test_lora import tensors
-from test_train import SAMPLE_LENGTH, ids_npz, micro_dir, random_ids, weights_of  # noqa: F401 (a fixture)
+from tests.helpers import ROOT, SAMPLE_LENGTH, free_ports, ids_npz, random_ids, tensors, weights_of
 from tfgpt2.formats import lora
 from tfgpt2.train import distribute, loop, run_folder
 from tfgpt2.cli.train import parse_config
@@ -93,16 +90,6 @@ def one_device(tiny_dir, corpus, tmp_path_factory):
         return weights(checkpoints / "run", step)
     assert max_difference(at(STEPS), weights(tiny_dir)) > 1e-3  # the steps changed the weights
     return at
-
-
-def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def start_workers(args):

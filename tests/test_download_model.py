@@ -1,19 +1,14 @@
 """`tfgpt2 download` (`tfgpt2.formats.openai_download`) against a fake of OpenAI's storage on 127.0.0.1."""
-import contextlib
 import os
 import random
-import re
-import socket
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT, Storage, free_port, serving
 from tfgpt2.cli import download as download_cli
 from tfgpt2.formats import openai_download as dm
 
@@ -25,73 +20,6 @@ def fake_model(seed=0):
     rng = random.Random(seed)
     sizes = {BIG: 5 * dm.CHUNK_SIZE + 123, 'model.ckpt.meta': 20_000}
     return {name: rng.randbytes(sizes.get(name, 300)) for name in dm.FILENAMES}
-
-
-class Storage:
-    """Serves files under /models/<name>/ and records (method, path, Range) of each request.
-    cut: path -> bytes sent before the connection drops, once.  promise: path -> the
-    Content-Length announced for the whole file (the body stays true).  grow: path -> bytes
-    that GET appends to the body and its Content-Length, which HEAD does not announce."""
-
-    def __init__(self, files, ranges=True):
-        self.files = files
-        self.ranges = ranges
-        self.requests = []
-        self.cut, self.promise, self.grow = {}, {}, {}
-
-    def gets(self):
-        return [path for method, path, _ in self.requests if method == 'GET']
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = 'HTTP/1.1'
-    disable_nagle_algorithm = True
-
-    def log_message(self, *args):
-        pass
-
-    def do_HEAD(self):
-        self.serve(send_body=False)
-
-    def do_GET(self):
-        self.serve(send_body=True)
-
-    def serve(self, send_body):
-        store = self.server.store
-        store.requests.append((self.command, self.path, self.headers.get('Range')))
-        data = store.files.get(self.path)
-        if data is None:
-            self.send_error(404)
-            return
-        if send_body:
-            data += store.grow.get(self.path, b'')
-        total = store.promise.get(self.path, len(data))
-        match = re.fullmatch(r'bytes=(\d+)-', self.headers.get('Range') or '')
-        start = int(match.group(1)) if match and store.ranges else 0
-        self.send_response(206 if start else 200)
-        if start:
-            self.send_header('Content-Range', f'bytes {start}-{total - 1}/{total}')
-        self.send_header('Content-Length', str(total - start))
-        self.end_headers()
-        if send_body:
-            body = data[start:start + store.cut.pop(self.path, total)]
-            self.wfile.write(body)
-            self.close_connection = len(body) < total - start
-
-
-@contextlib.contextmanager
-def serving(store):
-    """`store` served on an ephemeral port of 127.0.0.1 while in it; sets store.url, its base URL."""
-    server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-    server.store = store
-    store.url = f'http://127.0.0.1:{server.server_address[1]}'
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    try:
-        yield store
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
@@ -248,19 +176,13 @@ def test_offline_rerun_keeps_complete_files(storage, tmp_path, capfd):
     """Files under their final names were written whole, so without a network a rerun keeps
     them (saying so) and fails only for a missing file."""
     folder = Path(dm.download_model('124M', tmp_path, storage.url))
-    offline = f'http://127.0.0.1:{closed_port()}'
+    offline = f'http://127.0.0.1:{free_port()}'
     assert dm.download_model('124M', tmp_path, offline) == str(folder)
     assert_complete(folder, storage.model)
     assert capfd.readouterr().err.count('unchecked') == len(dm.FILENAMES)
     (folder / 'vocab.bpe').unlink()
     with pytest.raises(dm.DownloadError, match=r'cannot reach .*/models/124M/vocab\.bpe'):
         dm.download_model('124M', tmp_path, offline)
-
-
-def closed_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize('model_name, server, fragments', [
@@ -271,7 +193,7 @@ def closed_port():
                       'offline, `tfgpt2 make-checkpoint 124M --models_dir ']),
 ])
 def test_cli_errors_are_one_line(storage, tmp_path, capsys, model_name, server, fragments):
-    url = storage.url if server == 'up' else f'http://127.0.0.1:{closed_port()}'
+    url = storage.url if server == 'up' else f'http://127.0.0.1:{free_port()}'
     result = run_main(capsys, model_name, '--models_dir', str(tmp_path / 'models'), '--base_url', url)
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / 'models').exists()  # no empty models/<name>/ left behind

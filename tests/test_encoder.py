@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.conftest import REFERENCE_SRC, SHARED, require_reference
+from tests.helpers import REFERENCE_SRC, SHARED, require_reference
 from tfgpt2 import encoder as E
 
 EOT = '<|endoftext|>'

@@ -87,7 +87,7 @@ def test_an_npz_of_encode_is_scored_as_its_text(tiny_dir, tmp_path, capsys):
 def test_a_loss_that_is_not_finite_is_an_error(tmp_path, capsys):
     """Weights so large that the logits overflow: the loss is NaN, and the command says so and
     fails rather than print it."""
-    from tests.conftest import TINY
+    from tests.helpers import TINY
     from tfgpt2.hparams import default_hparams
     from tfgpt2.testing.checkpoints import make_checkpoint
     folder = make_checkpoint(str(tmp_path / "huge"), default_hparams().override_from_dict(dict(TINY, n_layer=1)),

@@ -16,9 +16,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from tests.conftest import ATOL
-from tests.test_products import products
-from tfgpt2.formats.checkpoint import load_model
+from tests.helpers import ATOL, products
 from tfgpt2.formats.saved_model import by_device, checkpoint_bytes, export_saved_model, folder_bytes
 from tfgpt2.sample import generate
 from tfgpt2.cli.export import main as export_main
@@ -214,11 +212,6 @@ def exported(tiny_dir, tmp_path_factory):
         return export_saved_model(tiny_dir, str(tmp_path_factory.mktemp("export") / "gpt2"))
     finally:
         os.umask(umask)
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return load_model(tiny_dir)
 
 
 @pytest.fixture(scope="module")

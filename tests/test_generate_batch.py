@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from tfgpt2.bulk import pool
 from tfgpt2.cli import generate_batch
 from tfgpt2.formats.checkpoint import load_model

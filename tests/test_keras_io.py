@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from tfgpt2 import GPT2, load_model
 from tfgpt2.hparams import default_hparams
 from tfgpt2.model import MLP, Attention, Block, Conv1D, Norm

@@ -2,8 +2,9 @@
 up the floors (`FLOORS` below, bottom to top: hparams and encoder; model; decoding; sample;
 formats; train; serve and bulk; testing; cli; then the entry points), `model.py` (the mirror of
 OpenAI's `src/model.py`) imports nothing of the machinery added around it, the package never
-imports the developer tools in `tools/`, and no module configures the process (environment
-variables, logging) when it is imported.
+imports the developer tools in `tools/`, no module configures the process (environment
+variables, logging) when it is imported, and no test file imports another (or conftest): what
+they share is in conftest's fixtures and `tests/helpers.py`.
 
 The checks are static (`ast` over every `tfgpt2/**/*.py`), so they take milliseconds and see
 imports inside functions too, which run only when called; one slow test imports every module in
@@ -17,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-
-PACKAGE = ROOT / "tfgpt2"
+from tests.helpers import PACKAGE, ROOT, modules, resolve
 
 # What the mirror may import of tfgpt2; anything else it imports must be third-party.
 MODEL_MAY_IMPORT = {"tfgpt2.hparams", "tfgpt2.products", "tfgpt2.gradients", "tfgpt2.adapters", "tfgpt2.inputs"}
@@ -39,33 +38,6 @@ ENTRY_POINTS = {"tfgpt2", "tfgpt2.generate_unconditional_samples", "tfgpt2.inter
 PYTHON_M = {"tfgpt2", "tfgpt2.generate_unconditional_samples", "tfgpt2.interactive_conditional_samples",
             "tfgpt2.train"}
 PYTHON_M_INTERNAL = {"tfgpt2.cli.main", "tfgpt2.testing.reference"}
-
-
-def module_name(path, root=ROOT):
-    parts = list(Path(path).relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def modules(package=PACKAGE):
-    """{dotted name: path} of every module in the package."""
-    return {module_name(path, package.parent): path for path in sorted(package.rglob("*.py"))}
-
-
-def resolve(importer, is_package, node, known):
-    """The modules an `import` or `from ... import` statement of module `importer` names, as
-    dotted names (relative imports resolved; `from X import y` names X.y where that is a module
-    of the package, else X)."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
-    if node.level:
-        base = importer.split(".") if is_package else importer.split(".")[:-1]
-        base = base[:len(base) - (node.level - 1)]
-        source = ".".join(base + ([node.module] if node.module else []))
-    else:
-        source = node.module
-    names = [f"{source}.{alias.name}" for alias in node.names]
-    submodules = [name for name in names if name in known]
-    return submodules if len(submodules) == len(names) else submodules + [source]
 
 
 def import_graph(package=PACKAGE):
@@ -373,6 +345,44 @@ def test_atomic_write_helper_is_a_leaf(graph):
 def test_the_package_never_imports_the_tools(graph):
     found = [(m, t, line) for m, edges in graph.items() for t, line in edges if within(t, ["tools"])]
     assert not found, found
+
+
+# ---- the tests' own layout ----------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+
+
+def imports_of_tests(path):
+    """[(line, what)] of the imports in the file at `path` that name a test file, conftest, or
+    the helpers module by another name than `tests.helpers` (one module object, not two)."""
+    found = []
+    for node in ast.walk(ast.parse(Path(path).read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f".{node.module or ''}"]  # a relative import: tests is no package
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.startswith(".") or name == "helpers" or re.fullmatch(
+            r"(tests\.)?(test_\w+|conftest)", name)]
+    return found
+
+
+def test_no_test_file_imports_another_or_conftest():
+    """What test files share lives in conftest's fixtures and `tests/helpers.py`: a test file
+    imported by another runs its tests' module twice, and its fixtures leak into the other."""
+    found = {path.name: imports_of_tests(path) for path in sorted(TESTS.glob("*.py"))}
+    assert not {name: imports for name, imports in found.items() if imports}
+
+
+@pytest.mark.parametrize("line", ["from test_train import run", "from tests.test_sample import prompts_for",
+                                  "import tests.test_model", "from tests import test_lora", "from conftest import TINY",
+                                  "from tests.conftest import ROOT", "from helpers import TINY", "from . import x"])
+def test_the_test_import_check_finds_each_style(tmp_path, line):
+    (tmp_path / "test_x.py").write_text(f"import os\n{line}\nfrom tests.helpers import TINY\n")
+    assert [n for n, _ in imports_of_tests(tmp_path / "test_x.py")] == [2]
 
 
 # ---- nothing configured at import time ---------------------------------------------------

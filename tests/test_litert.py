@@ -8,7 +8,7 @@ and the int8 file's per-row scales, 0.6 MB per signature, alone keep it above 0.
 import numpy as np
 import pytest
 
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (requirements.txt)")
 
@@ -197,7 +197,7 @@ def test_client_example_needs_no_tfgpt2(small):
     import ast
     import subprocess
     import sys
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
     script = ROOT / "examples" / "litert_client.py"
     imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(script.read_text()))
                 if isinstance(node, ast.Import) for alias in node.names}

@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import keras
 
 import tfgpt2
@@ -17,13 +16,7 @@ from tfgpt2.testing.reference import Reference
 from tfgpt2.cli.train import parse_config
 from tfgpt2.train.config import TrainConfig
 
-from conftest import TINY, require_reference
-from test_train import ids_npz, micro_dir, random_ids, run, run_interrupted  # noqa: F401
-
-
-def tensors(prefix):
-    reader = tf.train.load_checkpoint(str(prefix))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+from tests.helpers import TINY, ids_npz, random_ids, require_reference, run, run_interrupted, tensors
 
 
 def tiny_model():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import ATOL, require_reference
+from tests.helpers import ATOL, require_reference
 from tfgpt2 import GPT2, load_model
 from tfgpt2.decoding.cache import padded_mask
 from tfgpt2.hparams import default_hparams

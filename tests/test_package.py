@@ -7,7 +7,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -17,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY, require_reference
-from tests.test_download_model import Storage, serving
+from tests.helpers import ROOT, TINY, Storage, free_port, require_reference, serving
 from tfgpt2.cli.main import COMMANDS
 from tfgpt2.formats.openai_download import FILENAMES
 from tfgpt2.hparams import default_hparams, published_hparams
@@ -105,12 +103,6 @@ def storage(tmp_path):
              else (Path(folder) / name).read_bytes() for name in FILENAMES}
     with serving(Storage({f"/models/124M/{name}": data for name, data in files.items()})) as store:
         yield store
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_wheel(tmp_path):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tests.conftest import TINY
+from tests.helpers import TINY
 from tfgpt2 import GPT2, count_params
 from tfgpt2.hparams import default_hparams, published_hparams
 from tfgpt2.formats.variables import breakdown

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import TINY, _folder
+from tests.helpers import TINY, model_folder
 from tfgpt2 import generate, load_model, save_model
 from tfgpt2.formats.saved_model import export_saved_model
 from tfgpt2.decoding.cache import call_with_cache, empty_cache
-from tfgpt2.hparams import default_hparams
 from tfgpt2.model import attention_mask, mask_attn_weights
 
 POLICIES = ["bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]
@@ -22,7 +21,7 @@ VARIABLE = {"bfloat16": "bfloat16", "float16": "float16", "mixed_bfloat16": "flo
 @pytest.fixture(scope="module")
 def tiny128_dir(tmp_path_factory):
     """TINY (std 0.3) with n_ctx 128, so that varied prompts take 64 new tokens."""
-    return _folder(tmp_path_factory, "tiny128", default_hparams().override_from_dict(dict(TINY, n_ctx=128)), 0.3)
+    return model_folder(tmp_path_factory, "tiny128", dict(TINY, n_ctx=128), 0.3)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import keras
-from tensorflow.compiler.xla import xla_data_pb2
 
 import tfgpt2
 from tfgpt2.formats import checkpoint
@@ -19,27 +18,7 @@ from tfgpt2.model import GPT2
 from tfgpt2.products import matmul
 from tfgpt2.train.step import Trainer
 
-from tests.conftest import TINY
-
-MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
-
-
-def products(graph_def):
-    """{precision: count} of the float32 products in a GraphDef and its function library:
-    "HIGHEST" or "DEFAULT" for XLA's dot (its operands' precision), "tf.matmul" for the others."""
-    found = {}
-    for node in list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]:
-        if node.op in ("XlaDot", "XlaDotV2"):
-            config = xla_data_pb2.PrecisionConfig.FromString(node.attr["precision_config"].s)
-            names = {xla_data_pb2.PrecisionConfig.Precision.Name(p) for p in config.operand_precision} or {"DEFAULT"}
-            kind = names.pop() if len(names) == 1 else str(sorted(names))
-        elif node.op in MATMULS and tf.as_dtype(node.attr["Ta" if "Ta" in node.attr else "T"].type) == tf.float32:
-            kind = "tf.matmul"
-        else:
-            continue
-        found[kind] = found.get(kind, 0) + 1
-    return found
-
+from tests.helpers import TINY, products
 
 @pytest.mark.parametrize("transpose_a, transpose_b, batch", [
     (False, False, []), (False, True, []), (True, False, []), (True, True, []), (False, True, [2, 3])])

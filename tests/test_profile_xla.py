@@ -2,7 +2,7 @@
 import pytest
 
 from tools.profile_xla import GROUPS, group_of, op_times
-from test_benchmarks import assert_report, rows, run_tool
+from tests.helpers import assert_report, rows, run_tool
 
 
 def test_groups_follow_the_tensorflow_op():

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.helpers import ROOT, TINY
 
 IDS = [[464, 3290, 286, 1204, 318, 257, 1332, 11, 290, 340, 373, 13]]
 

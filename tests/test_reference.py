@@ -6,8 +6,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python import tf2
 
-from tests.conftest import ATOL, require_reference
-from tfgpt2.formats.checkpoint import load_model
+from tests.helpers import ATOL, require_reference
 from tfgpt2.testing.reference_diff import greedy
 from tfgpt2.testing.reference import Reference, ReferenceError
 
@@ -16,14 +15,8 @@ pytestmark = pytest.mark.slow  # the reference in a child process
 TOKENS = np.array([[6109, 3626, 6100, 345], [6109, 1110, 6622, 257]], np.int32)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_dir, reference_tiny):
-    """(tfgpt2 model, reference process) on the tiny folder."""
-    return load_model(tiny_dir), reference_tiny
-
-
-def test_leaves_no_trace(tiny):
-    model, ref = tiny
+def test_leaves_no_trace(tiny, reference_tiny):
+    model, ref = tiny, reference_tiny
     real_tf, path = sys.modules["tensorflow"], list(sys.path)
     theirs = ref.model(TOKENS)
     ref.sample_sequence(context=TOKENS[:1], length=2, top_k=1, seed=0)
@@ -39,8 +32,8 @@ def test_leaves_no_trace(tiny):
     np.testing.assert_allclose(traced(tf.constant(TOKENS)), ours["logits"], atol=1e-5, rtol=1e-5)
 
 
-def test_hidden_is_each_blocks_output_with_and_without_past(tiny):
-    model, ref = tiny
+def test_hidden_is_each_blocks_output_with_and_without_past(tiny, reference_tiny):
+    model, ref = tiny, reference_tiny
     theirs = ref.model(TOKENS, hidden=True)
     n_layer, n_embd = model.hparams.n_layer, model.hparams.n_embd
     assert theirs["hidden"].shape == (2, n_layer, 4, n_embd)
@@ -50,15 +43,15 @@ def test_hidden_is_each_blocks_output_with_and_without_past(tiny):
     np.testing.assert_allclose(later["hidden"], theirs["hidden"][:, :, 3:], atol=ATOL, rtol=0)
 
 
-def test_sample_sequence_with_top_k_1_is_greedy(tiny):
-    model, ref = tiny
+def test_sample_sequence_with_top_k_1_is_greedy(tiny, reference_tiny):
+    model, ref = tiny, reference_tiny
     tokens, seconds = ref.sample_sequence(context=TOKENS[1:], length=6, top_k=1, seed=0, repeats=2)
     assert tokens.shape == (1, 10) and len(seconds) == 2
     np.testing.assert_array_equal(tokens, greedy(model, TOKENS[1:], 6))
 
 
-def test_failed_call_raises_and_the_process_serves_on(tiny):
-    model, ref = tiny
+def test_failed_call_raises_and_the_process_serves_on(tiny, reference_tiny):
+    model, ref = tiny, reference_tiny
     with pytest.raises(ReferenceError, match="reference model failed"):
         ref.model(np.array([[model.hparams.n_vocab]]))
     assert ref.model(TOKENS)["logits"].shape == (2, 4, model.hparams.n_vocab)

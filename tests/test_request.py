@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import TINY
-from tests.test_scripts import samples
+from tests.helpers import TINY, samples
 from tfgpt2.cli import common, compare, generate as generate_command, generate_batch
 from tfgpt2.decoding import request
 from tfgpt2.decoding.request import RANGES, batch_seed, check_request, check_sampling, check_value, fits
@@ -103,11 +102,6 @@ def test_batch_seeds_stay_in_the_seed_range():
 
 
 # ---- every entry point gives the rule's answer --------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return checkpoint.load_model(tiny_dir)
-
 
 @pytest.fixture
 def loaded(tiny, monkeypatch):

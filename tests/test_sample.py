@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 
-from tests.conftest import ATOL
+from tests.helpers import ATOL, chi_square, filtered_softmax, prompts_for
 from tfgpt2 import load_model
 from tfgpt2.model import Conv1D
 from tfgpt2.decoding import layouts
@@ -21,16 +21,6 @@ from tfgpt2.decoding.generator import Generator, generator_for
 from tfgpt2.decoding.buckets import bucket_sizes
 from tfgpt2 import sample as sample_module
 from tfgpt2.sample import choose, generate, sample_sequence, top_k_logits, top_p_logits
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return load_model(tiny_dir)
-
-
-def prompts_for(seed, lengths, n_vocab=50257):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, n_vocab, size=n).tolist() for n in lengths]
 
 
 def assert_greedy(model, prompt, row):
@@ -522,18 +512,6 @@ def test_samples_lie_in_top_k_and_nucleus():
     assert seen <= nucleus and len(seen) > 1
     both = set(np.flatnonzero(reference_top_p(reference_top_k(logits[None], 20), 0.5)[0] > -1e9).tolist())
     assert set(draws(logits, 5000, top_k=20, top_p=0.5).tolist()) <= both
-
-
-def chi_square(counts, probs):
-    """Chi-square statistic of counts against probabilities (zero-probability cells must be empty)."""
-    assert counts[probs == 0].sum() == 0, "drew a token the filter removed"
-    expected = probs[probs > 0] * counts.sum()
-    return (((counts[probs > 0] - expected) ** 2) / expected).sum()
-
-
-def filtered_softmax(logits, keep):
-    p = np.where(keep, np.exp(logits - logits.max()), 0.0)
-    return p / p.sum()
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.helpers import ROOT, TINY, samples
 from tfgpt2.cli import generate as generate_unconditional_samples
 from tfgpt2.cli import interactive as interactive_conditional_samples
 from tfgpt2.formats.checkpoint import load_model
@@ -31,13 +31,6 @@ RULE = "=" * 80 + "\n"
 def command(module, model_dir, *args):
     models_dir, model_name = os.path.split(model_dir)
     return [sys.executable, "-m", module, "--models_dir", models_dir, f"--model_name={model_name}", *args]
-
-
-def samples(out):
-    """[(number, text)] under the original's banners, each text without print's newline."""
-    parts = re.split(r"^=+ SAMPLE (\d+) =+\n", out, flags=re.M)
-    assert parts[0] == "", out
-    return [(int(n), text[:-1]) for n, text in zip(parts[1::2], parts[2::2])]
 
 
 def in_process(script, model_dir, *args, capsys, monkeypatch, input=""):

@@ -26,7 +26,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT, free_port
 from tfgpt2.encoder import default_encoder
 from tfgpt2.serve.text import TextStream, token_text
 
@@ -94,12 +94,6 @@ def test_text_stream_releases_log_probability_entries_with_their_text():
 
 
 # ---- the server ---------------------------------------------------------------------------------
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 KEY = "tfgpt2-test-key"  # the server's API key, given in its environment (TFGPT2_API_KEY), not its command line
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -169,12 +163,6 @@ def server(servers):
 @pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    from tfgpt2.formats.checkpoint import load_model
-    return load_model(tiny_dir)
 
 
 class Reader(threading.Thread):
@@ -339,7 +327,7 @@ def test_sequences_run_across_the_cache_blocks(tmp_path):
     once at positions of their own, one across the first block's end (from 39 to 78), the other
     in the second block, its prompt read in one chunk across the first block's end; each one's
     tokens are `generate`'s for its prompt alone."""
-    from tests.conftest import TINY
+    from tests.helpers import TINY
     from tfgpt2.formats.checkpoint import load_model
     from tfgpt2.hparams import default_hparams
     from tfgpt2.sample import choose, generate

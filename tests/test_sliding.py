@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.test_controls import last_logits, reference_logits, tiny  # noqa: F401 (fixtures)
-from tests.test_sample import prompts_for
+from tests.helpers import prompts_for, reference_logits
 from tfgpt2.decoding.generator import generator_for
 from tfgpt2.sample import _uniform, choose, generate, sample_sequence
 
@@ -28,7 +27,7 @@ def drawn(logits, temperature, seed, step, row, batch):
     return min(int(np.sum(cdf <= u)), len(logits) - 1)
 
 
-def reference_sliding(last_logits, prompts, length, keep, temperature=0.0, seed=0, **controls):  # noqa: F811
+def reference_sliding(last_logits, prompts, length, keep, temperature=0.0, seed=0, **controls):
     """Rows past n_ctx, the rule of docs/generation.md: all rows slide when the longest context
     fills the window; each then goes on from its last `keep` tokens alone."""
     new = [[] for _ in prompts]
@@ -49,7 +48,7 @@ def reference_sliding(last_logits, prompts, length, keep, temperature=0.0, seed=
     (None, dict(temperature=0.1, seed=7)),  # low: the tokens cannot hang on float noise
     (20, dict(logit_bias={318: 3.0}, repetition_penalty=1.2, presence_penalty=2.0, frequency_penalty=1.0)),
 ])
-def test_past_n_ctx_matches_a_numpy_sliding_loop(tiny, last_logits, keep, controls):  # noqa: F811
+def test_past_n_ctx_matches_a_numpy_sliding_loop(tiny, last_logits, keep, controls):
     """Batch 3, prompts of 3, 7 and 5 tokens, 110 new tokens on n_ctx 64 (three segments or
     more): tokens identical to the NumPy loop, greedy and sampled (new token k of each row
     draws from the (seed, k) stream, in every segment); the penalties count every new token
@@ -64,7 +63,7 @@ def test_past_n_ctx_matches_a_numpy_sliding_loop(tiny, last_logits, keep, contro
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.1, seed=7)])
-def test_the_first_window_is_todays_output_and_seeds_repeat(tiny, sampling):  # noqa: F811
+def test_the_first_window_is_todays_output_and_seeds_repeat(tiny, sampling):
     """Each row's tokens up to the first slide are those of the longest `length` that fits,
     greedy and seeded sampling alike; the same seed gives the same tokens past it, another
     seed others; streamed chunks join to the same rows."""
@@ -85,7 +84,7 @@ def test_the_first_window_is_todays_output_and_seeds_repeat(tiny, sampling):  # 
 
 
 @pytest.mark.slow
-def test_a_stop_sequence_across_a_slide_ends_the_row_and_traces_are_bounded(tiny):  # noqa: F811
+def test_a_stop_sequence_across_a_slide_ends_the_row_and_traces_are_bounded(tiny):
     """A stop sequence whose first token is the last of a segment and whose second is the first
     of the next ends its row there (left out); the row stays ended in later segments; the
     others go on, streamed or not. Longer lengths compile nothing more."""
@@ -115,12 +114,12 @@ def test_a_stop_sequence_across_a_slide_ends_the_row_and_traces_are_bounded(tiny
     (64, r"context_keep must be an integer in \[1, 64\), got 64"),
     (2.5, r"context_keep must be an integer in \[1, 64\), got 2.5"),
 ])
-def test_context_keep_is_checked(tiny, keep, message):  # noqa: F811
+def test_context_keep_is_checked(tiny, keep, message):
     with pytest.raises(ValueError, match=message):
         generate(tiny, [[1, 2]], 100, context_keep=keep)
 
 
-def test_a_prompt_longer_than_the_window_is_still_refused(tiny):  # noqa: F811
+def test_a_prompt_longer_than_the_window_is_still_refused(tiny):
     with pytest.raises(ValueError, match=r"prompt of 65 tokens exceeds the context window n_ctx=64"):
         generate(tiny, [[1] * 65], 3)
     with pytest.raises(ValueError, match=r"length must be an integer in \[1, 2\*\*31\), got 2147483648"):
@@ -128,7 +127,7 @@ def test_a_prompt_longer_than_the_window_is_still_refused(tiny):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_the_commands_slide_with_context_keep(tiny, tiny_dir, tmp_path, capsys, signals, monkeypatch):  # noqa: F811
+def test_the_commands_slide_with_context_keep(tiny, tiny_dir, tmp_path, capsys, signals, monkeypatch):
     """`tfgpt2 generate` and `generate-batch` with --context_keep print and write the tokens of
     `tfgpt2.generate` past the window; a --context_keep not below n_ctx is refused."""
     from tfgpt2.cli import common, generate as generate_command, generate_batch

@@ -20,49 +20,15 @@ from tfgpt2.train.optimizers import make_optimizer
 from tfgpt2.train.step import Trainer
 from tfgpt2.testing.reference import Reference
 
-from conftest import ROOT, execute_notebook, require_reference
-from tfgpt2.hparams import default_hparams
-from tfgpt2.testing.checkpoints import make_checkpoint
+from tests.helpers import (ROOT, SAMPLE_LENGTH, execute_notebook, ids_npz, random_ids, require_reference, run,
+                           run_interrupted, weights_of)
 
 pytestmark = pytest.mark.slow  # compiled training steps and the reference
-
-SAMPLE_LENGTH = 16  # windows of 17 tokens
-
-
-@pytest.fixture(scope="module")
-def micro_dir(tmp_path_factory):
-    """One block of width 32: for the tests that compare runs with runs (quicker to compile)."""
-    hparams = default_hparams().override_from_dict(dict(n_vocab=50257, n_ctx=32, n_embd=32, n_head=2, n_layer=1))
-    return make_checkpoint(str(tmp_path_factory.mktemp("models") / "micro"), hparams, std=0.3, seed=2)
-
 
 @pytest.fixture
 def ref(reference_tiny):
     """OpenAI's code on `tiny_dir`: the worker's one reference process (conftest), not one more."""
     return reference_tiny
-
-
-def ids_npz(path, *chunks):
-    np.savez_compressed(path, *[np.asarray(c, np.int32) for c in chunks])
-    return str(path)
-
-
-def random_ids(n, seed=0):
-    return np.random.default_rng(seed).integers(0, 50257, n)
-
-
-def run(model_dir, tmp_path, *more, run_name="run1"):
-    """train.train with the flags `more`, the base model `model_dir`, no samples or periodic saves."""
-    argv = ["--models_dir", os.path.dirname(model_dir), "--model_name", os.path.basename(model_dir),
-            "--checkpoint_dir", str(tmp_path / "checkpoint"), "--run_name", run_name,
-            "--sample_every", "0", "--save_every", "0", "--print_every", "0",
-            "--sample_length", str(SAMPLE_LENGTH), *more]
-    return loop.train(train_cli.parse_config(argv))
-
-
-def weights_of(folder):
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(folder))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
 
 
 def draws(chunks, seed, steps, per_step):
@@ -262,25 +228,6 @@ def test_accumulating_4_x_1_equals_a_batch_of_4(micro_dir, tmp_path, xla):
     for name in before:
         step = np.abs(a[name] - before[name]).max()
         assert np.abs(a[name] - b[name]).max() <= 1e-4 * step, name
-
-
-def run_interrupted(monkeypatch, update, *args, **kwargs):
-    """`run(*args, **kwargs)` with Ctrl-C during its `update`-th update."""
-    step = Trainer.step
-    calls = []
-
-    def interrupted(self, batch):
-        calls.append(1)
-        if len(calls) == update:
-            raise KeyboardInterrupt
-        return step(self, batch)
-    monkeypatch.setattr(Trainer, "step", interrupted)
-    try:
-        with pytest.raises(loop.Interrupted) as e:  # once saved
-            run(*args, **kwargs)
-        return e.value.history
-    finally:
-        monkeypatch.undo()
 
 
 def test_a_run_stopped_and_resumed_equals_an_uninterrupted_one(micro_dir, tmp_path, monkeypatch):

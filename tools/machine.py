@@ -35,16 +35,21 @@ def gpus():
 
 
 def describe():
-    """'<CPU model>, <n> CPUs, <FEATURES present> (no <the others>)[, <GPU>...]'."""
+    """This machine's line (`line`): /proc/cpuinfo, the CPU count, `nvidia-smi -L`."""
     try:
         with open("/proc/cpuinfo") as f:
             model, present = cpu(f.read())
     except OSError:  # not Linux: cpu's fallbacks
         model, present = cpu("")
+    return line(model, present, os.cpu_count(), gpus())
+
+
+def line(model, present, cpus, gpu_names):
+    """'<CPU model>, <n> CPUs, <FEATURES present> (no <the others>)[, <GPU>...]'."""
     absent = [f for f in FEATURES if f not in present]
-    line = f"{model}, {os.cpu_count()} CPUs"
+    text = f"{model}, {cpus} CPUs"
     if present:
-        line += ", " + " ".join(present)
+        text += ", " + " ".join(present)
     if absent:
-        line += f" (no {', '.join(absent)})"
-    return line + "".join(f", {g}" for g in gpus())
+        text += f" (no {', '.join(absent)})"
+    return text + "".join(f", {g}" for g in gpu_names)
