@@ -41,12 +41,13 @@ def bytes_to_unicode():
 
 
 class Encoder:
-    """The original Encoder's API (encode, decode, encoder, decoder, errors) plus eot_token,
-    n_vocab and batch helpers.  `encoding` is the tiktoken.Encoding doing the work."""
+    """The original Encoder's API (encode, decode, encoder, decoder, bpe_ranks, errors) plus
+    eot_token, n_vocab and batch helpers.  `encoding` is the tiktoken.Encoding doing the work."""
 
-    def __init__(self, encoding, encoder, errors='replace'):
+    def __init__(self, encoding, encoder, bpe_merges=(), errors='replace'):
         self.encoding = encoding
         self.encoder = encoder
+        self.bpe_ranks = {tuple(merge): rank for rank, merge in enumerate(bpe_merges)}
         self.decoder = {v: k for k, v in encoder.items()}
         self.errors = errors  # how to handle invalid UTF-8 in decode
         self.eot_token = encoder[EOT]
@@ -117,6 +118,13 @@ def vocabulary_files(folder, names=VOCAB_FILES):
     return paths
 
 
+def load_vocabulary(paths):
+    """The encoder of the two files `paths` (encoder.json and vocab.bpe, or a layout's names
+    for them: Hugging Face's vocab.json and merges.txt); VocabularyError where they are corrupt
+    or disagree."""
+    return _load(paths)
+
+
 def default_encoder():
     """The encoder of the vocabulary shipped in tfgpt2/assets, checked against its sha256."""
     return _load([os.path.join(ASSETS_DIR, name) for name in VOCAB_FILES], ASSETS_SHA256)
@@ -149,7 +157,7 @@ def _build(json_path, bpe_path, json_data, bpe_data):
     encoding = tiktoken.Encoding(
         'gpt2-local', pat_str=PAT_STR, mergeable_ranks=ranks,
         special_tokens={EOT: encoder[EOT]}, explicit_n_vocab=len(encoder))
-    return Encoder(encoding, encoder)
+    return Encoder(encoding, encoder, merges)
 
 
 def _parse_encoder(path, data):
