@@ -1,8 +1,11 @@
 """GGUF files for llama.cpp (`tfgpt2.formats.gguf_file`, `tfgpt2 convert --to gguf`), read back
 with `gguf` (the llama.cpp project's package) and, where llama-cpp-python is installed, run by
 llama.cpp itself against tfgpt2's logits and tokenizer."""
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,11 +13,10 @@ import pytest
 gguf = pytest.importorskip("gguf", reason="the gguf package (requirements.txt) is not installed")
 
 from tests.conftest import TINY  # noqa: E402
-from tfgpt2 import load_model  # noqa: E402
 from tfgpt2.cli import convert as convert_cli  # noqa: E402
 from tfgpt2.encoder import ASSETS_DIR, default_encoder  # noqa: E402
 from tfgpt2.formats.gguf_file import export_gguf, write_gguf  # noqa: E402
-from tfgpt2.formats.hf_kerashub import read  # noqa: E402
+from tfgpt2.formats.hf_kerashub import load, read  # noqa: E402
 from tfgpt2.hparams import default_hparams  # noqa: E402
 from tfgpt2.testing.checkpoints import make_checkpoint  # noqa: E402
 
@@ -176,33 +178,51 @@ def same_bytes(a, b):
         return f.read() == g.read()
 
 
-def llama_cpp():
-    """llama-cpp-python's module, or a skip saying why it cannot be had."""
-    try:
-        import llama_cpp
-    except Exception as e:  # absent, or installed without its shared library
-        pytest.skip(f"llama.cpp is not at hand (pip install llama-cpp-python): {type(e).__name__}: {e}")
-    return llama_cpp
+# llama.cpp's logits of TOKENS and its ids for a text, in a child process (a crash of the
+# library cannot take the test worker down); exit 3 where llama-cpp-python cannot be imported
+LLAMA_CPP = """
+import json, sys
+import numpy as np
+try:
+    import llama_cpp
+except Exception as e:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(3)
+path, tokens, text, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+llm = llama_cpp.Llama(model_path=path, n_ctx=len(tokens), logits_all=True, verbose=False, n_threads=1,
+                      type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+llm.eval(tokens)
+np.savez(out, logits=np.asarray(llm.scores[:len(tokens)], np.float32),
+         ids=np.asarray(llm.tokenize(text.encode(), add_bos=False, special=False)))
+"""
+
+
+def run_llama_cpp(path, tokens, text, out):
+    """(llama.cpp's logits of `tokens` [T, n_vocab], its ids of `text`), or a skip saying why
+    llama.cpp is not at hand."""
+    done = subprocess.run([sys.executable, "-c", LLAMA_CPP, path, json.dumps(tokens), text, out],
+                          capture_output=True, text=True)
+    if done.returncode == 3:
+        pytest.skip(f"llama.cpp is not at hand (pip install llama-cpp-python): {done.stderr.strip()}")
+    assert done.returncode == 0, f"llama.cpp failed on {path}: exit {done.returncode}\n{done.stderr[-2000:]}"
+    found = np.load(out)
+    return found["logits"], found["ids"].tolist()
 
 
 @pytest.mark.parametrize("outtype", ["f32", "q8_0"])
-def test_llama_cpp_gives_tfgpt2s_logits_and_tokens(tiny_dir, tmp_path, outtype):
-    """llama.cpp on the file: in f32 (its cache in f32 too) the logits of tfgpt2's float32
-    model; in q8_0 (its products quantize the activations too) the same top token at almost
-    every position. Its tokenizer gives tfgpt2's ids."""
-    llama = llama_cpp()
-    path = export_gguf(tiny_dir, str(tmp_path / f"tiny-{outtype}.gguf"), outtype=outtype)
-    llm = llama.Llama(model_path=path, n_ctx=64, logits_all=True, verbose=False, n_threads=1, seed=0,
-                      type_k=llama.GGML_TYPE_F32, type_v=llama.GGML_TYPE_F32)
-    llm.eval(TOKENS)
-    theirs = np.asarray(llm.scores[:len(TOKENS)], np.float32)
-    ours = load_model(tiny_dir)([TOKENS])["logits"].numpy()[0]
+def test_llama_cpp_gives_tfgpt2s_logits_and_tokens(written, tmp_path, outtype):
+    """llama.cpp on the file: in f32 (the untied model; llama.cpp's cache in f32 too) the
+    logits of tfgpt2's float32 model (but for llama.cpp's GELU, read from a float16 table);
+    in q8_0 (its products quantize the activations too) close to them, with the same top token
+    at almost every position. Its tokenizer gives tfgpt2's ids."""
+    model, path, _ = written[outtype]
+    text = "Hello world, it's 2024!\n  GPT-2's tokenizer:\tdone <|endoftext|>"
+    theirs, ids = run_llama_cpp(path, TOKENS, text, str(tmp_path / "llama.npz"))
+    ours = load(model, "openai")([TOKENS])["logits"].numpy()[0]
     scale = np.abs(ours).max()
     assert scale > 3, "weights too small for a meaningful comparison"
-    if outtype == "f32":
-        assert np.abs(theirs - ours).max() <= 1e-4 * scale, np.abs(theirs - ours).max()
-    else:
-        assert np.abs(theirs - ours).max() <= 0.05 * scale, np.abs(theirs - ours).max()
-        assert (theirs.argmax(-1) == ours.argmax(-1)).mean() >= 0.9
-    text = "Hello world, it's 2024!\n  GPT-2's tokenizer:\tdone <|endoftext|>"
-    assert llm.tokenize(text.encode(), add_bos=False, special=False) == default_encoder().encode(text)
+    error = np.abs(theirs - ours)
+    bound = {"f32": (1e-3, 1e-4), "q8_0": (0.1, 0.01)}[outtype]  # (max, mean) as parts of the scale
+    assert error.max() <= bound[0] * scale and error.mean() <= bound[1] * scale, (error.max(), error.mean(), scale)
+    assert (theirs.argmax(-1) == ours.argmax(-1)).mean() >= (1 if outtype == "f32" else 0.9)
+    assert ids == default_encoder().encode(text)
