@@ -12,7 +12,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (requirements.txt) is not installed")
 
-from tests.conftest import TINY  # noqa: E402
+from tests.helpers import TINY  # noqa: E402
 from tfgpt2.cli import convert as convert_cli  # noqa: E402
 from tfgpt2.encoder import ASSETS_DIR, default_encoder  # noqa: E402
 from tfgpt2.formats.gguf_file import export_gguf, write_gguf  # noqa: E402
