@@ -154,6 +154,47 @@ def test_generation_headlines_are_ratios_within_the_run():
         {"what": "generation, batch 1, reference", "figure": "100.0 ms/token"}]
 
 
+def test_generation_rows_and_headlines_against_llama_cpp():
+    """Each row's decode and prefill tokens/s as ratios of llama.cpp's at its batch size, and
+    tfgpt2-xla's beside llama.cpp's as a headline; llama.cpp at batch 8 is an error row."""
+    from tools.benchmark import headlines, rows_of
+
+    def figures(tokens_per_s, prefill):
+        return dict(step_ms=[1e3 / tokens_per_s], tokens_per_s=[tokens_per_s], prefill_tokens_per_s=[prefill],
+                    compile_s=None, peak_rss_mb=1.0, decode_peak_rss_mb=None, long_peak_rss_mb=None,
+                    loaded_rss_mb=None)
+    rows_ = rows_of({("tfgpt2-xla", 1): figures(60.0, 900.0), ("llama.cpp", 1): figures(100.0, 600.0),
+                     ("tfgpt2-xla", 8): figures(300.0, 1000.0), ("llama.cpp", 8): {"error": "batch 1 only here"}})
+    ours, peer = rows_[0], rows_[1]
+    assert (ours["vs_llama_cpp"], ours["prefill_vs_llama_cpp"]) == (pytest.approx(0.6), pytest.approx(1.5))
+    assert peer["vs_llama_cpp"] == 1 and "vs_llama_cpp" not in rows_[2]
+    assert headlines(rows_)[-1] == {"what": "decode and prefill, batch 1, tfgpt2-xla against llama.cpp",
+                                    "figure": "60.0 against 100.0 tokens/s (0.60x); prefill 900 against 600 (1.50x)"}
+
+
+@pytest.mark.slow
+def test_generation_report_beside_llama_cpp(tiny_dir, tmp_path):
+    """llama.cpp on the GGUF file of the same weights, by its own llama-bench where
+    TFGPT2_LLAMA_CPP names its programs' folder, else by llama-cpp-python; skipped where neither."""
+    import importlib.util
+    programs = os.environ.get("TFGPT2_LLAMA_CPP")
+    if not programs and importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama.cpp is not at hand (TFGPT2_LLAMA_CPP=<its programs' folder>, or pip install "
+                    "llama-cpp-python)")
+    done = run_tool("benchmark.py", "--model_dir", tiny_dir, "--batch", "1", "2", "--candidates", "tfgpt2-xla",
+                    "llama.cpp", "--runs", "2", "--short", "4", "--long", "12", "--prompt_len", "8", "--dtype",
+                    "bfloat16", "--report", str(tmp_path), *(["--llama_cpp", programs] if programs else []))
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "generation", "benchmark.py")
+    by = {(r["implementation"], r["batch"]): r for r in rows(data)}
+    assert by["llama.cpp", 2]["error"] == "batch 1 only here"
+    ours, peer = by["tfgpt2-xla", 1], by["llama.cpp", 1]
+    assert peer["tokens_per_s"]["n"] == peer["prefill_tokens_per_s"]["n"] == 2
+    assert ours["vs_llama_cpp"] == pytest.approx(ours["tokens_per_s"]["median"] / peer["tokens_per_s"]["median"])
+    assert "f16 weights" in " ".join(data["notes"])  # bfloat16's peer weights
+    assert data["headlines"][-1]["what"] == "decode and prefill, batch 1, tfgpt2-xla against llama.cpp"
+
+
 def test_tokenizer_report(tmp_path):
     assert run_main("benchmark_tokenizer", "--mb", "0.02", "--runs", "2", "--report", str(tmp_path),
                     "--name", "tok") in (None, 0)

@@ -7,15 +7,22 @@
 Each candidate runs in a fresh process of its own, one after another, on the same
 checkpoint shape: tfgpt2 with XLA, tfgpt2 with XLA and every generation control on
 (tfgpt2-xla-controls), tfgpt2 without XLA, the reference `sample_sequence`
-(`--reference_src`, batch 1 only: the original fails above), and KerasHub's GPT2CausalLM and
+(`--reference_src`, batch 1 only: the original fails above), KerasHub's GPT2CausalLM and
 transformers' GPT2LMHeadModel (random weights of the same shape) where those packages are
-installed. Per candidate and batch size:
+installed, and llama.cpp (batch 1) on the GGUF file of the same weights where it is at hand
+(`--llama_cpp DIR`, its llama-bench, or llama-cpp-python: tools/llama_peer.py). Per candidate
+and batch size:
 
 - decode: time per generated token (per step for the batch), from the difference between
   generating `--long` and `--short` new tokens after a 1-token prompt, so that prefill and
   compilation are left out; per run (the i-th run of each length paired), after a warm-up:
   the median and range over `--runs`;
 - prefill: tokens per second for a `--prompt_len`-token prompt (one new token);
+- llama.cpp by its llama-bench: decode, its tokens/s generating `--long` - `--short` tokens
+  after `--short` in the cache, and prefill, its tokens/s reading the prompt, each per
+  repetition after its warm-up (compile and resident set before: n/a); by llama-cpp-python, as
+  the others (each token its logits' argmax);
+- each row's decode and prefill tokens/s as a ratio of llama.cpp's at its batch size;
 - compile: the first call's time minus a warm call's, both lengths;
 - peak memory: the process's peak resident set (VmHWM), the runtime included, after the
   `--long` runs alone (one length: one compiled program), after both decode lengths (the
@@ -23,7 +30,8 @@ installed. Per candidate and batch size:
   call (VmRSS: the runtime and the weights; n/a for the reference, which starts its
   process then and restores the checkpoint in each call).
 
-`--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32.
+`--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32 but
+llama.cpp, whose weights match it (`llama_peer.GGUF_TYPES`: 16 bits as f16; `--gguf_type`).
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
 `--top_k` says otherwise. The
 report (tools/report.py) goes to `--report DIR` as `--name`.json and .md (default
@@ -36,20 +44,23 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 try:
-    from . import report
+    from . import llama_peer, report
 except ImportError:  # run as `python tools/benchmark.py`: this folder is on sys.path
+    import llama_peer
     import report
 
 ROOT = report.ROOT
 DEFAULT_REFERENCE = os.path.join(os.environ.get("TFGPT2_SHARED", os.path.join(os.path.dirname(ROOT), "shared")),
                                  "openai-gpt-2", "src")
 OURS = ("tfgpt2-xla", "tfgpt2-xla-controls", "tfgpt2")
-CANDIDATES = ["tfgpt2-xla", "tfgpt2-xla-controls", "tfgpt2", "reference", "keras-hub", "transformers"]
+CANDIDATES = ["tfgpt2-xla", "tfgpt2-xla-controls", "tfgpt2", "reference", "keras-hub", "transformers", "llama.cpp"]
+ONE_ROW = {"reference": "the original sample_sequence fails at batch > 1", "llama.cpp": "batch 1 only here"}
 
 
 def rss_mb(pid="self", key="VmHWM"):
@@ -136,6 +147,22 @@ def transformers_runner(args):
     return repeated(run), rss_mb
 
 
+def llama_cpp_runner(args):
+    """llama-cpp-python on the GGUF file (`llama_peer.python_runner`)."""
+    n_ctx = max(args.long, args.prompt_len) + 8
+    return repeated(llama_peer.python_runner(args, args.gguf, n_ctx)), rss_mb
+
+
+def llama_bench_figures(args):
+    """The worker's figures from llama.cpp's own llama-bench (`llama_peer.bench`)."""
+    decode = llama_peer.bench(args, args.gguf, prompt=0, new=args.long - args.short, depth=args.short)
+    prefill = llama_peer.bench(args, args.gguf, prompt=args.prompt_len, new=0)
+    peak = llama_peer.peak_rss_mb()
+    return dict(step_ms=[1e3 / t for t in decode], tokens_per_s=decode, prefill_tokens_per_s=prefill,
+                compile_s=None, peak_rss_mb=peak, decode_peak_rss_mb=None, long_peak_rss_mb=None,
+                loaded_rss_mb=None)
+
+
 def repeated(run):
     """run(context, length) -> run(context, length, repeats) giving the seconds of each call."""
     def timed(context, length, repeats):
@@ -149,12 +176,15 @@ def repeated(run):
 
 
 def worker(args):
+    if args.worker == "llama.cpp" and llama_peer.peer(args) == "programs":
+        print(json.dumps(llama_bench_figures(args)))
+        return
     runners = {"tfgpt2-xla": lambda: tfgpt2_runner(args, True), "tfgpt2": lambda: tfgpt2_runner(args, False),
                "tfgpt2-xla-controls": lambda: tfgpt2_runner(args, True, CONTROLS),
                "reference": lambda: reference_runner(args), "keras-hub": lambda: keras_hub_runner(args),
-               "transformers": lambda: transformers_runner(args)}
+               "transformers": lambda: transformers_runner(args), "llama.cpp": lambda: llama_cpp_runner(args)}
     run, rss = runners[args.worker]()
-    loaded = rss(key="VmRSS") if args.worker != "reference" else None
+    loaded = rss(key="VmRSS") if args.worker not in ("reference", "llama.cpp") else None
     one = np.ones([args.batch_size, 1], np.int32)
     prompt = np.random.default_rng(0).integers(0, 50000, size=[args.batch_size, args.prompt_len]).astype(np.int32)
     # the first call of each shape compiles (or, for the reference, runs a fresh graph)
@@ -177,6 +207,8 @@ def worker(args):
 def available(candidate, args):
     if candidate == "reference":
         return os.path.isfile(os.path.join(args.reference_src, "model.py"))
+    if candidate == "llama.cpp":
+        return llama_peer.peer(args) is not None
     module = {"keras-hub": "keras_hub", "transformers": "transformers"}.get(candidate)
     if module is None:
         return True
@@ -188,7 +220,9 @@ def measure(candidate, batch, args):
     command = [sys.executable, os.path.abspath(__file__), "--worker", candidate, "--batch_size", str(batch),
                "--model_dir", args.model_dir, "--reference_src", args.reference_src, "--runs", str(args.runs),
                "--short", str(args.short), "--long", str(args.long), "--prompt_len", str(args.prompt_len),
-               "--top_k", str(args.top_k), "--dtype", args.dtype]
+               "--top_k", str(args.top_k), "--dtype", args.dtype, "--threads", str(args.threads)]
+    command += ["--gguf", args.gguf] if args.gguf else []
+    command += ["--llama_cpp", args.llama_cpp] if args.llama_cpp else []
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -199,7 +233,9 @@ def measure(candidate, batch, args):
 COLUMNS = [report.column("implementation", "implementation"), report.column("batch", "batch"),
            report.column("step_ms", "decode ms/token", ".1f"), report.column("tokens_per_s", "tokens/s", ".1f"),
            report.column("vs_reference", "time vs reference", ".2f"),
+           report.column("vs_llama_cpp", "tokens/s vs llama.cpp", ".2f"),
            report.column("prefill_tokens_per_s", "prefill tokens/s", ".0f"),
+           report.column("prefill_vs_llama_cpp", "prefill vs llama.cpp", ".2f"),
            report.column("compile_s", "compile s", ".1f"), report.column("peak_rss_mb", "peak RSS MB", ".0f"),
            report.column("loaded_rss_mb", "RSS before MB", ".0f")]
 ERROR = report.column("error", "error")
@@ -222,12 +258,18 @@ def rows_of(results):
                      and "step_ms" in r), None)
         if base and "step_ms" in row:
             row["vs_reference"] = row["step_ms"]["median"] / base["step_ms"]["median"]
+        peer = next((r for r in rows if r["implementation"] == "llama.cpp" and r["batch"] == row["batch"]
+                     and "step_ms" in r), None)
+        if peer and "step_ms" in row:
+            row["vs_llama_cpp"] = row["tokens_per_s"]["median"] / peer["tokens_per_s"]["median"]
+            row["prefill_vs_llama_cpp"] = row["prefill_tokens_per_s"]["median"] / peer["prefill_tokens_per_s"]["median"]
     return rows
 
 
 def headlines(rows):
     """tfgpt2-xla's and the reference's decode time per batch size, with tfgpt2-xla's as a ratio
-    of the reference's, and with every control on as a ratio of tfgpt2-xla's."""
+    of the reference's, and with every control on as a ratio of tfgpt2-xla's; tfgpt2-xla's and
+    llama.cpp's decode and prefill tokens/s, with tfgpt2-xla's as ratios of llama.cpp's."""
     found = []
     for row in rows:
         if row["implementation"] not in ("tfgpt2-xla", "tfgpt2-xla-controls", "reference") or "step_ms" not in row:
@@ -242,10 +284,25 @@ def headlines(rows):
         what = {"tfgpt2-xla-controls": "tfgpt2-xla, every generation control on"}.get(row["implementation"],
                                                                                        row["implementation"])
         found.append({"what": f"generation, batch {row['batch']}, {what}", "figure": figure})
+    return found + peer_headlines(rows)
+
+
+def peer_headlines(rows):
+    """tfgpt2-xla's decode and prefill tokens/s beside llama.cpp's, where both ran."""
+    found = []
+    for row in rows:
+        peer = next((r for r in rows if r["implementation"] == "llama.cpp" and r["batch"] == row["batch"]), None)
+        if row["implementation"] != "tfgpt2-xla" or "vs_llama_cpp" not in row or not peer:
+            continue
+        found.append({"what": f"decode and prefill, batch {row['batch']}, tfgpt2-xla against llama.cpp",
+                      "figure": f"{row['tokens_per_s']['median']:.1f} against {peer['tokens_per_s']['median']:.1f} "
+                                f"tokens/s ({row['vs_llama_cpp']:.2f}x); prefill "
+                                f"{row['prefill_tokens_per_s']['median']:.0f} against "
+                                f"{peer['prefill_tokens_per_s']['median']:.0f} ({row['prefill_vs_llama_cpp']:.2f}x)"})
     return found
 
 
-def main(argv=None):
+def arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
     parser.add_argument("--reference_src", default=DEFAULT_REFERENCE, help="the original gpt-2 repository's src/")
@@ -258,44 +315,70 @@ def main(argv=None):
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--dtype", default="float32",
                         help="tfgpt2's Keras dtype policy (bfloat16, ...); the others run in float32")
+    llama_peer.add_arguments(parser)
     report.add_arguments(parser, "generation")
     parser.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
     parser.add_argument("--batch_size", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        return worker(args)
-    results = {}
-    skipped = []
+    parser.add_argument("--gguf", help=argparse.SUPPRESS)  # the peer's weights, written by the driver
+    return parser.parse_args(argv)
+
+
+def measure_all(args):
+    """{(candidate, batch): figures or {"error"}} and the candidates not at hand."""
+    results, skipped = {}, []
     for batch in args.batch:
         for candidate in args.candidates:
             if not available(candidate, args):
                 if candidate not in skipped:
                     skipped.append(candidate)
                 print(f"skipping {candidate}: not installed / not found", file=sys.stderr)
-            elif candidate == "reference" and batch > 1:
-                results[(candidate, batch)] = {"error": "the original sample_sequence fails at batch > 1"}
+            elif candidate in ONE_ROW and batch > 1:
+                results[(candidate, batch)] = {"error": ONE_ROW[candidate]}
             else:
                 print(f"measuring {candidate} at batch {batch} ...", file=sys.stderr, flush=True)
                 results[(candidate, batch)] = measure(candidate, batch, args)
-    rows = rows_of(results)
+    return results, skipped
+
+
+def notes_of(args, results, skipped):
     notes = [f"Decode time per generated token (the whole batch's step): generating {args.long} and "
              f"{args.short} new tokens after a 1-token prompt, the difference per token, median and range "
              f"over {args.runs} paired runs after a warm-up; prefill: a {args.prompt_len}-token prompt; compile: "
              f"the first calls' extra time; peak RSS: the process's peak resident set (VmHWM); RSS before: "
              f"after loading, before the first call. Sampling top_k={args.top_k}; tfgpt2 in {args.dtype}"
-             + (", the others in float32" if set(c for c, _ in results) - set(OURS) else "")
+             + (", the others in float32" if set(c for c, _ in results) - set(OURS) - {"llama.cpp"} else "")
              + ". Each implementation ran in a process of its own."
              + (f" tfgpt2-xla-controls: tfgpt2-xla with every generation control on, none ending a row early: "
                 f"{CONTROLS}." if "tfgpt2-xla-controls" in args.candidates else "")]
+    if any(c == "llama.cpp" for c, _ in results):
+        notes.append(f"llama.cpp: {llama_peer.describe(args)}, on the GGUF file of --model_dir's weights "
+                     f"(tfgpt2 convert --to gguf)"
+                     + (f"; decode and prefill by its llama-bench ({args.long - args.short} tokens after "
+                        f"{args.short} in the cache; a {args.prompt_len}-token prompt), {args.runs} repetitions "
+                        f"after its warm-up" if llama_peer.peer(args) == "programs" else
+                        "; by llama-cpp-python, each new token its logits' argmax") + ".")
     if skipped:
         notes.append(f"Not installed or not found here: {', '.join(skipped)}.")
+    return notes
+
+
+def main(argv=None):
+    args = arguments(argv)
+    if args.worker:
+        return worker(args)
+    with tempfile.TemporaryDirectory(prefix="tfgpt2-bench-") as folder:
+        if "llama.cpp" in args.candidates and available("llama.cpp", args):
+            args.gguf = llama_peer.write_gguf(args.model_dir, llama_peer.gguf_type(args), folder)
+        results, skipped = measure_all(args)
+    rows = rows_of(results)
     settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "short", "long",
-                                              "prompt_len", "top_k", "dtype")}
-    columns = [c for c in COLUMNS if c["key"] != "vs_reference" or any("vs_reference" in r for r in rows)]
+                                              "prompt_len", "top_k", "dtype", "llama_cpp", "threads")}
+    columns = [c for c in COLUMNS if c["key"] not in ("vs_reference", "vs_llama_cpp", "prefill_vs_llama_cpp")
+               or any(c["key"] in r for r in rows)]
     columns += [ERROR] * any("error" in r for r in rows)
     report.publish(args, "Generation speed", [report.table(columns, rows)], tool=__file__, argv=argv,
-                   settings=settings, notes=notes, headlines=headlines(rows))
-    return 0 if all("error" not in r or k[0] == "reference" and k[1] > 1 for k, r in results.items()) else 1
+                   settings=settings, notes=notes_of(args, results, skipped), headlines=headlines(rows))
+    return 0 if all("error" not in r or k[0] in ONE_ROW and k[1] > 1 for k, r in results.items()) else 1
 
 
 if __name__ == "__main__":
