@@ -324,6 +324,49 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
         {"what": "tfgpt2 serve, 1 client, 16 slots", "figure": "24 tokens/s, 0.98x a 1-slot server"}]
 
 
+def test_serve_benchmark_against_llama_server():
+    """tfgpt2's concurrent and one-client candidates as ratios of llama-server's (the same load on
+    its -np slots), and their headlines; the request asks both servers for the same sampling."""
+    from tools import benchmark_serve as bench
+    args = argparse.Namespace(clients=16, max_batch=16)
+    passes = {name: [{"tokens_per_s": figure, "busy_tokens_per_s": figure, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}]
+              for name, figure in (("concurrent", 200.0), ("one_client", 45.0), ("llama_server", 250.0),
+                                   ("llama_one_client", 60.0))}
+    rows = {r["candidate"]: r for r in bench.rows_of(passes, args)}
+    assert rows["concurrent"]["vs_llama_server"] == pytest.approx(0.8)
+    assert rows["one_client"]["vs_llama_server"] == pytest.approx(0.75)
+    assert (rows["llama_server"]["clients"], rows["llama_server"]["slots"]) == (16, 16)
+    assert (rows["llama_one_client"]["clients"], rows["llama_one_client"]["slots"]) == (1, 16)
+    assert bench.headlines(list(rows.values()), args)[-2:] == [
+        {"what": "tfgpt2 serve against llama-server, 16 clients, 16 slots each",
+         "figure": "200 against 250 tokens/s over whole passes (0.80x)"},
+        {"what": "tfgpt2 serve against llama-server, 1 client, 16 slots each",
+         "figure": "45 against 60 tokens/s over whole passes (0.75x)"}]
+    request = bench.body(([1, 2], 5, 7))
+    assert (request["top_k"], request["top_p"], request["min_p"], request["logit_bias"]) == (0, 1.0, 0.0, {"50256": -100})
+
+
+@pytest.mark.slow
+def test_serve_report_beside_llama_server(tiny_dir, tmp_path):
+    """tfgpt2 serve and llama-server on the same tiny weights and load, where TFGPT2_LLAMA_CPP
+    names llama.cpp's programs' folder (skipped elsewhere): every request of every pass answered
+    by both, and the ratios in the report."""
+    programs = os.environ.get("TFGPT2_LLAMA_CPP")
+    if not programs:
+        pytest.skip("llama.cpp's programs are not at hand (TFGPT2_LLAMA_CPP=<the folder of llama-server>)")
+    done = run_tool("benchmark_serve.py", "--model_dir", tiny_dir, "--candidates", "concurrent", "llama_server",
+                    "llama_one_client", "--clients", "4", "--max_batch", "4", "--requests", "8", "--prompt", "8",
+                    "16", "--new", "4", "8", "--runs", "1", "--rss_requests", "0", "--report", str(tmp_path),
+                    "--llama_cpp", programs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = assert_report(str(tmp_path), "serve", "benchmark_serve.py")
+    by = {r["candidate"]: r for r in rows(data)}
+    assert set(by) == {"concurrent", "llama_server", "llama_one_client"}
+    assert by["concurrent"]["vs_llama_server"] == pytest.approx(
+        by["concurrent"]["tokens_per_s"]["median"] / by["llama_server"]["tokens_per_s"]["median"])
+    assert "-np 4" in " ".join(data["notes"])
+
+
 def test_serve_benchmark_counts_the_tokens_while_every_client_is_busy():
     """Two clients: one request each from 0 s, the third starts at 2 s (the last start): the
     tokens until then, each request's spread evenly over its time."""

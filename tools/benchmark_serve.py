@@ -16,7 +16,11 @@ request makes exactly its tokens) is sent:
 - saved_model: by `--clients` threads at once, each request to the `generate` signature of a
   SavedModel exported here (batch 1; TF runs the calls concurrently);
 - one_client: one after another to the concurrent server (its `--max_batch` slots): what a
-  client alone gets from a server sized for many.
+  client alone gets from a server sized for many;
+- llama_server and llama_one_client: the same, by `--clients` clients and by one, to llama.cpp's
+  `llama-server` with `--max_batch` parallel sequences (`-np`), on the GGUF file of the same
+  weights in the type of `--dtype` (tools/llama_peer.py), where `--llama_cpp DIR` names
+  llama.cpp's programs.
 
 Each server and the SavedModel run in a child process of their own; every candidate first runs a
 warm-up (compiling its programs: the concurrent server's at every step width too), then `--runs`
@@ -47,14 +51,17 @@ import time
 import numpy as np
 
 try:
-    from . import report
+    from . import llama_peer, report
 except ImportError:  # run as `python tools/benchmark_serve.py`: this folder is on sys.path
+    import llama_peer
     import report
 
 EOT = 50256
-CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client"]
-SERVER = {"concurrent": "concurrent", "one_client": "concurrent", "sequential": "sequential"}  # whose server
-MANY = ("concurrent", "saved_model")  # the candidates of --clients clients (the others: one)
+CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client", "llama_server", "llama_one_client"]
+SERVER = {"concurrent": "concurrent", "one_client": "concurrent", "sequential": "sequential",
+          "llama_server": "llama_server", "llama_one_client": "llama_server"}  # whose server
+MANY = ("concurrent", "saved_model", "llama_server")  # the candidates of --clients clients (the others: one)
+PEERS = {"concurrent": "llama_server", "one_client": "llama_one_client"}  # tfgpt2's candidate: llama.cpp's
 
 
 def workload(n, prompt, new, seed=0):
@@ -84,9 +91,11 @@ def warm_up_widths(prompt, new, max_batch):
 
 
 def body(request, stream=True):
+    """The completion request: temperature 1 over the whole vocabulary (top_k, top_p and min_p
+    off, as both servers take them), <|endoftext|> banned."""
     ids, new, seed = request
-    return {"model": "bench", "prompt": ids, "max_tokens": new, "temperature": 1.0, "seed": seed, "stream": stream,
-            "logit_bias": {str(EOT): -100}}
+    return {"model": "bench", "prompt": ids, "max_tokens": new, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0, "seed": seed, "stream": stream, "logit_bias": {str(EOT): -100}}
 
 
 # ---- the servers ----------------------------------------------------------------------------
@@ -175,7 +184,8 @@ def servers(args, requests):
     running = {}
     try:
         for server in dict.fromkeys(SERVER[name] for name in names):
-            running[server] = start_server(args, args.max_batch if server == "concurrent" else 1)
+            running[server] = llama_peer.start_server(args, args.gguf, args.max_batch, free_port()) \
+                if server == "llama_server" else start_server(args, args.max_batch if server == "concurrent" else 1)
             asyncio.run(drive(running[server][1], warm_up(args.prompt, args.new), 1))
             for group in warm_up_widths(args.prompt, args.new, args.max_batch) if server == "concurrent" else []:
                 asyncio.run(drive(running[server][1], group, len(group)))
@@ -271,6 +281,7 @@ COLUMNS = [report.column("candidate", "candidate"), report.column("clients", "cl
            report.column("busy_vs_sequential", "vs sequential", ".2f"),
            report.column("tokens_per_s", "tokens/s, whole pass", ".1f"),
            report.column("vs_sequential", "vs sequential", ".2f"),
+           report.column("vs_llama_server", "vs llama-server", ".2f"),
            report.column("ttft_p50_s", "first token p50 s", ".2f"),
            report.column("ttft_p99_s", "first token p99 s", ".2f")]
 
@@ -281,14 +292,19 @@ def rows_of(results, args):
     rows = []
     for name, passes_ in results.items():
         row = {"candidate": name, "clients": args.clients if name in MANY else 1,
-               "slots": {"concurrent": args.max_batch, "sequential": 1}.get(SERVER.get(name))}
+               "slots": {"concurrent": args.max_batch, "sequential": 1, "llama_server": args.max_batch}.get(
+                   SERVER.get(name))}
         row.update({k: report.spread([p[k] for p in passes_]) for k in passes_[0] if passes_[0][k] is not None})
         rows.append(row)
     base = next((r for r in rows if r["candidate"] == "sequential"), {})
+    by = {r["candidate"]: r for r in rows}
     for row in rows:
         for key in ("tokens_per_s", "busy_tokens_per_s"):
             if key in row and key in base:
                 row[key.replace("tokens_per_s", "vs_sequential")] = row[key]["median"] / base[key]["median"]
+        peer = by.get(PEERS.get(row["candidate"]), {})
+        if "tokens_per_s" in peer:
+            row["vs_llama_server"] = row["tokens_per_s"]["median"] / peer["tokens_per_s"]["median"]
     return rows
 
 
@@ -313,10 +329,17 @@ def headlines(rows, args):
     if "vs_sequential" in one:
         found.append({"what": f"tfgpt2 serve, 1 client, {args.max_batch} slots", "figure": (
             f"{one['tokens_per_s']['median']:,.0f} tokens/s, {one['vs_sequential']:.2f}x a 1-slot server")})
+    for name, clients in (("concurrent", args.clients), ("one_client", 1)):
+        if "vs_llama_server" in by.get(name, {}):
+            ours, theirs = by[name]["tokens_per_s"]["median"], by[PEERS[name]]["tokens_per_s"]["median"]
+            found.append({"what": f"tfgpt2 serve against llama-server, {clients} client{'s' * (clients > 1)}, "
+                                  f"{args.max_batch} slots each",
+                          "figure": f"{ours:,.0f} against {theirs:,.0f} tokens/s over whole passes "
+                                    f"({by[name]['vs_llama_server']:.2f}x)"})
     return found
 
 
-def main(argv=None):
+def arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", default="models/124M", help="a model folder (tfgpt2 make-checkpoint 124M)")
     parser.add_argument("--candidates", nargs="+", default=CANDIDATES, choices=CANDIDATES)
@@ -331,19 +354,16 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float32", help="the model's Keras dtype policy")
     parser.add_argument("--tf32", action="store_true", help="float32 products in TF32 where the GPU has it")
     parser.add_argument("--rss_requests", type=int, default=2000, help="tiny requests for the memory check (0: none)")
+    llama_peer.add_arguments(parser)
     report.add_arguments(parser, "serve")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--export_dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        return saved_model_worker(args)
-    requests = workload(args.requests, args.prompt, args.new)
-    print("measuring the servers ...", file=sys.stderr, flush=True)
-    results, memory, statuses = servers(args, requests)
-    if "saved_model" in args.candidates:
-        print("measuring the SavedModel ...", file=sys.stderr, flush=True)
-        results["saved_model"] = saved_model(args)
-    rows = rows_of(results, args)
+    args.slot_context = args.prompt[1] + args.new[1] + 8  # llama-server's context per sequence
+    return args
+
+
+def notes_of(args, memory, statuses, absent):
     notes = [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
              f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned. Tokens/s with all "
              f"clients busy: until the last request of a pass starts (each request's tokens spread evenly over its "
@@ -354,17 +374,44 @@ def main(argv=None):
              f"--prefill_chunk {args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}"
              f"{' (TF32 products)' if args.tf32 else ''}; each server and "
              f"the SavedModel in a process of its own; clients over HTTP on the same machine."]
+    if args.gguf:
+        notes.append(f"llama_server: {llama_peer.describe(args)}, -np {args.max_batch} with {args.slot_context} "
+                     f"positions each, on the GGUF file of --model_dir's weights (tfgpt2 convert --to gguf); "
+                     f"llama_one_client: one client on the same server.")
+    if absent:
+        notes.append(f"Not at hand here: {', '.join(absent)} (--llama_cpp names llama.cpp's programs).")
     if memory:
         notes.append(f"Memory: the concurrent server's resident set was {memory[0]:,.0f} MB after 200 tiny requests "
                      f"and {memory[1]:,.0f} MB after {args.rss_requests} more ({memory[1] - memory[0]:+,.0f} MB).")
     if any(statuses):
         notes.append(f"A server did not drain cleanly on SIGTERM: exit statuses {statuses}.")
+    return notes
+
+
+def main(argv=None):
+    args = arguments(argv)
+    if args.worker:
+        return saved_model_worker(args)
+    absent = [c for c in args.candidates if c.startswith("llama") and not (args.llama_cpp and os.path.isfile(
+        llama_peer.program(args, "llama-server")))]
+    args.candidates = [c for c in args.candidates if c not in absent]
+    requests = workload(args.requests, args.prompt, args.new)
+    with tempfile.TemporaryDirectory(prefix="tfgpt2-serve-bench-") as folder:
+        args.gguf = any(c.startswith("llama") for c in args.candidates) and llama_peer.write_gguf(
+            args.model_dir, llama_peer.gguf_type(args), folder)
+        print("measuring the servers ...", file=sys.stderr, flush=True)
+        results, memory, statuses = servers(args, requests)
+    if "saved_model" in args.candidates:
+        print("measuring the SavedModel ...", file=sys.stderr, flush=True)
+        results["saved_model"] = saved_model(args)
+    rows = rows_of(results, args)
     settings = {k: getattr(args, k) for k in ("model_dir", "candidates", "clients", "max_batch", "requests", "prompt",
                                               "new", "runs", "prefill_chunk", "decode_steps", "dtype", "tf32",
-                                              "rss_requests")}
+                                              "rss_requests", "llama_cpp", "threads")}
     settings["rss_mb"] = memory
-    report.publish(args, "Serving under load", [report.table(COLUMNS, rows)], tool=__file__, argv=argv,
-                   settings=settings, notes=notes, headlines=headlines(rows, args))
+    columns = [c for c in COLUMNS if c["key"] != "vs_llama_server" or any("vs_llama_server" in r for r in rows)]
+    report.publish(args, "Serving under load", [report.table(columns, rows)], tool=__file__, argv=argv,
+                   settings=settings, notes=notes_of(args, memory, statuses, absent), headlines=headlines(rows, args))
     return 1 if any(statuses) else 0
 
 
