@@ -322,19 +322,38 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
         engine.result(timeout=60)
 
 
-def test_sequences_run_across_the_cache_blocks(tmp_path):
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory):
+    """The tiny model's shape with a context of 128 positions: two blocks of the slot cache."""
+    from tests.helpers import TINY
+    from tfgpt2.formats.checkpoint import load_model
+    from tfgpt2.hparams import default_hparams
+    from tfgpt2.testing.checkpoints import make_checkpoint
+    return load_model(make_checkpoint(str(tmp_path_factory.mktemp("long") / "long"), default_hparams(
+        ).override_from_dict(dict(TINY, n_ctx=128)), std=0.3, seed=1))
+
+
+def run_alone(scheduler, sequences, ended):
+    """The scheduler's engine thread while `sequences` run, each submitted once the one before
+    has ended (`ended`: a future per sequence, that its sink sets)."""
+    engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
+    try:
+        for sequence, end in zip(sequences, ended):
+            scheduler.submit([sequence])
+            end.result(timeout=300)
+    finally:
+        scheduler.close()
+        engine.result(timeout=60)
+
+
+def test_sequences_run_across_the_cache_blocks(long_model):
     """A context of 128 positions (two blocks of the slot cache of 64): two sequences decode at
     once at positions of their own, one across the first block's end (from 39 to 78), the other
     in the second block, its prompt read in one chunk across the first block's end; each one's
     tokens are `generate`'s for its prompt alone."""
-    from tests.helpers import TINY
-    from tfgpt2.formats.checkpoint import load_model
-    from tfgpt2.hparams import default_hparams
     from tfgpt2.sample import choose, generate
     from tfgpt2.serve.scheduler import Scheduler, Sequence
-    from tfgpt2.testing.checkpoints import make_checkpoint
-    model = load_model(make_checkpoint(str(tmp_path / "long"), default_hparams().override_from_dict(dict(
-        TINY, n_ctx=128)), std=0.3, seed=1))
+    model = long_model
     scheduler = Scheduler(model, choose, max_batch=2, max_queue=2, chunk=128, eot=ENCODER.eot_token)
     greedy = dict(temperature=0.0, top_p=1.0, min_p=0.0, repetition=1.0, presence=0.0, frequency=0.0, top_k=0)
     eot = {ENCODER.eot_token: -100.0}  # banned: each sequence makes its tokens
@@ -354,6 +373,45 @@ def test_sequences_run_across_the_cache_blocks(tmp_path):
     for p, n, s, row in zip(prompts, new, sequences, expected):
         assert s.generated == row[len(p):len(p) + n].tolist(), len(p)
     assert {key[2][0][1] for key in scheduler.slots.programs if key[0] == "decode"} == {128}  # windows
+
+
+def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model):
+    """Three prompts that start with the same 64 tokens (one block), then differ, run one after
+    another, greedy and seeded, each after a prompt that starts otherwise (in the same slot),
+    with the prefix cache and without: the later two copy the first block from the cache and
+    read their prompts on from position 64; their tokens and log-probabilities are the same to
+    the bit as without the cache, and the cache counts the tokens asked for and found."""
+    from tfgpt2.sample import choose
+    from tfgpt2.serve.scheduler import Scheduler, Sequence
+    rng = np.random.default_rng(1)
+    shared = rng.integers(0, ENCODER.eot_token, 64).tolist()
+    prompts = [shared + rng.integers(0, ENCODER.eot_token, n).tolist() for n in (16, 10, 16)]
+    prompts[2][64:] = prompts[0][64:]  # the first prompt again
+    others = [rng.integers(0, ENCODER.eot_token, 70).tolist() for _ in range(2)]  # another first block
+    prompts = [prompts[0], others[0], prompts[1], others[1], prompts[2]]
+    sampled = dict(temperature=1.0, top_p=0.9, min_p=0.0, repetition=1.2, presence=0.0, frequency=0.0, top_k=0)
+    runs = []
+    for blocks in (4, 0):
+        scheduler = Scheduler(long_model, choose, max_batch=1, max_queue=1, chunk=64, eot=ENCODER.eot_token,
+                              prefix_blocks=blocks)
+        starts, prefill = [], scheduler.slots.prefill
+        scheduler.slots.prefill = lambda tokens, slot, start, *rest: starts.append(start) or prefill(
+            tokens, slot, start, *rest)
+        ended = [concurrent.futures.Future() for _ in prompts]
+        heard = [[] for _ in prompts]
+        sequences = [Sequence(p, 24, dict(sampled, temperature=float(n in (1, 2, 4))),
+                              lambda tokens, logprobs, end, n=n: (heard[n].extend(logprobs),
+                                                                  end and ended[n].set_result(end))[-1],
+                              seed=n, logprobs=True) for n, p in enumerate(prompts)]
+        run_alone(scheduler, sequences, ended)
+        runs.append(([s.generated for s in sequences], heard, starts, scheduler.prefix))
+    (cached, cached_logprobs, cached_starts, prefix), (alone, alone_logprobs, alone_starts, _) = runs
+    assert cached == alone and all(len(tokens) == 24 for tokens in alone) and len(set(map(tuple, alone))) == 5
+    for ours, theirs in zip(cached_logprobs, alone_logprobs):
+        for (p, ids, top), (q, ids_alone, top_alone) in zip(ours, theirs):
+            assert p == q and np.array_equal(ids, ids_alone) and np.array_equal(top, top_alone)
+    assert alone_starts == [0, 64] * 5 and cached_starts == [0, 64, 0, 64, 64, 0, 64, 64]
+    assert (prefix.queries, prefix.hits) == (sum(map(len, prompts)), 2 * 64)
 
 
 @pytest.mark.slow

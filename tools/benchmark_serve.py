@@ -20,7 +20,11 @@ request makes exactly its tokens) is sent:
 - llama_server and llama_one_client: the same, by `--clients` clients and by one, to llama.cpp's
   `llama-server` with `--max_batch` parallel sequences (`-np`), on the GGUF file of the same
   weights in the type of `--dtype` (tools/llama_peer.py), where `--llama_cpp DIR` names
-  llama.cpp's programs.
+  llama.cpp's programs;
+- prefix_cache: two servers, the prefix cache on and off, each sent by one client prompts that
+  share a prefix of `--shared` tokens (each with `--tail` tokens of its own), then prompts of the
+  same length that share nothing: how much sooner the first token of a cached prefix comes, and
+  what the cache costs prompts that share nothing.
 
 Each server and the SavedModel run in a child process of their own; every candidate first runs a
 warm-up (compiling its programs: the concurrent server's at every step width too), then `--runs`
@@ -57,7 +61,8 @@ except ImportError:  # run as `python tools/benchmark_serve.py`: this folder is 
     import report
 
 EOT = 50256
-CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client", "llama_server", "llama_one_client"]
+CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client", "llama_server", "llama_one_client",
+              "prefix_cache"]
 SERVER = {"concurrent": "concurrent", "one_client": "concurrent", "sequential": "sequential",
           "llama_server": "llama_server", "llama_one_client": "llama_server"}  # whose server
 MANY = ("concurrent", "saved_model", "llama_server")  # the candidates of --clients clients (the others: one)
@@ -106,14 +111,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(args, max_batch):
-    """`tfgpt2 serve` in a child process, once it answers: (process, base URL)."""
+def start_server(args, max_batch, *flags):
+    """`tfgpt2 serve` in a child process (with `flags` besides the run's), once it answers:
+    (process, base URL)."""
     import httpx
     port = free_port()
     command = [sys.executable, "-m", "tfgpt2.cli.main", "serve", "--model_dir", args.model_dir, "--port", str(port),
                "--served_model_name", "bench", "--max_batch", str(max_batch), "--max_queue", str(args.requests + 64),
                "--prefill_chunk", str(args.prefill_chunk), "--decode_steps", str(args.decode_steps), "--dtype",
-               args.dtype, "--quiet"] + ["--tf32"] * args.tf32
+               args.dtype, "--quiet", *flags] + ["--tf32"] * args.tf32
     child = subprocess.Popen(command, cwd=report.ROOT, env=dict(os.environ, PYTHONPATH=report.ROOT))
     url = f"http://127.0.0.1:{port}"
     while child.poll() is None:
@@ -213,6 +219,65 @@ def rss_growth(url, pid, count, clients):
     before = rss_mb(pid)
     asyncio.run(drive(url, tiny, clients))
     return before, rss_mb(pid)
+
+
+# ---- the prefix cache ---------------------------------------------------------------------
+
+PREFIX_SLOTS = 4  # the slots of the prefix cache's servers (one client: one is used)
+
+
+def prefix_workloads(args, run):
+    """Pass `run`'s requests: `--prefix_requests` prompts of the one shared prefix of `--shared`
+    tokens and a tail of `--tail` tokens each of their own, and as many of the same length that
+    share nothing (new in each pass: never cached before), each with `--prefix_new` new tokens."""
+    shared = np.random.default_rng(7).integers(0, EOT, args.shared).tolist()
+    rng, n = np.random.default_rng(100 + run), args.prefix_requests
+    sharing = [(shared + rng.integers(0, EOT, args.tail).tolist(), args.prefix_new, i) for i in range(n)]
+    alone = [(rng.integers(0, EOT, args.shared + args.tail).tolist(), args.prefix_new, n + i) for i in range(n)]
+    return sharing, alone
+
+
+def prefix_cache(args):
+    """Two servers at once, the prefix cache on (its default pool) and off: per pass, one
+    client's requests one after another, the prompts that share a prefix (cached by the warm-up)
+    then those that share nothing; their times to first token (p50) and the latter's tokens/s.
+    With the servers' exit statuses."""
+    running = {}
+    try:
+        for name, flags in (("prefix cache on", []), ("prefix cache off", ["--prefix_cache_blocks", "0"])):
+            running[name] = start_server(args, PREFIX_SLOTS, *flags)
+            sharing, alone = prefix_workloads(args, -1)
+            asyncio.run(drive(running[name][1], sharing[:2] + alone[:1], 1))  # compiles; the prefix is cached
+        results = {name: [] for name in running}
+        for run in range(args.runs):
+            sharing, alone = prefix_workloads(args, run)
+            for name, (_, url) in running.items():
+                shared_pass, alone_pass = one_pass(url, sharing, 1), one_pass(url, alone, 1)
+                results[name].append({"shared_ttft_p50_s": shared_pass["ttft_p50_s"],
+                                      "alone_ttft_p50_s": alone_pass["ttft_p50_s"],
+                                      "alone_tokens_per_s": alone_pass["tokens_per_s"]})
+    finally:
+        statuses = [stop_server(child) for child, _ in running.values()]
+    return results, statuses
+
+
+PREFIX_COLUMNS = [report.column("server", "server"),
+                  report.column("shared_ttft_p50_s", "first token p50 s, shared prefix", ".3f"),
+                  report.column("alone_ttft_p50_s", "first token p50 s, nothing shared", ".3f"),
+                  report.column("alone_tokens_per_s", "tokens/s, nothing shared", ".1f")]
+
+
+def prefix_rows(results):
+    """The prefix cache's rows (each figure's spread over the passes), and its headline: how
+    much sooner the first token of a shared prefix comes with the cache, and what the cache
+    costs prompts that share nothing (ratios of the medians, on to off)."""
+    rows = [dict({k: report.spread([p[k] for p in passes_]) for k in passes_[0]}, server=name)
+            for name, passes_ in results.items()]
+    on, off = ({k: v["median"] for k, v in row.items() if k != "server"} for row in rows)
+    figure = (f"first token {off['shared_ttft_p50_s'] / on['shared_ttft_p50_s']:.1f}x sooner for prompts sharing a "
+              f"cached prefix; prompts sharing nothing: first token {on['alone_ttft_p50_s'] / off['alone_ttft_p50_s']:.2f}x "
+              f"the time, {on['alone_tokens_per_s'] / off['alone_tokens_per_s']:.2f}x the tokens/s, of the cache off")
+    return rows, {"what": "tfgpt2 serve, prefix cache", "figure": figure}
 
 
 # ---- the SavedModel, in a child process -----------------------------------------------------
@@ -354,6 +419,10 @@ def arguments(argv):
     parser.add_argument("--dtype", default="float32", help="the model's Keras dtype policy")
     parser.add_argument("--tf32", action="store_true", help="float32 products in TF32 where the GPU has it")
     parser.add_argument("--rss_requests", type=int, default=2000, help="tiny requests for the memory check (0: none)")
+    parser.add_argument("--shared", type=int, default=512, help="prefix_cache: the tokens of the shared prefix")
+    parser.add_argument("--tail", type=int, default=16, help="prefix_cache: each prompt's tokens after it")
+    parser.add_argument("--prefix_requests", type=int, default=16, help="prefix_cache: requests of each kind per pass")
+    parser.add_argument("--prefix_new", type=int, default=16, help="prefix_cache: new tokens per request")
     llama_peer.add_arguments(parser)
     report.add_arguments(parser, "serve")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -363,8 +432,8 @@ def arguments(argv):
     return args
 
 
-def notes_of(args, memory, statuses, absent):
-    notes = [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
+def notes_of(args, memory, statuses, absent, rows):
+    notes = [] if not rows else [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
              f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned. Tokens/s with all "
              f"clients busy: until the last request of a pass starts (each request's tokens spread evenly over its "
              f"time), which leaves out the tail where fewer clients remain; whole pass: all new tokens over the pass's "
@@ -380,6 +449,8 @@ def notes_of(args, memory, statuses, absent):
                      f"llama_one_client: one client on the same server.")
     if absent:
         notes.append(f"Not at hand here: {', '.join(absent)} (--llama_cpp names llama.cpp's programs).")
+    if "prefix_cache" in args.candidates:
+        notes.append(prefix_note(args))
     if memory:
         notes.append(f"Memory: the concurrent server's resident set was {memory[0]:,.0f} MB after 200 tiny requests "
                      f"and {memory[1]:,.0f} MB after {args.rss_requests} more ({memory[1] - memory[0]:+,.0f} MB).")
@@ -405,14 +476,32 @@ def main(argv=None):
         print("measuring the SavedModel ...", file=sys.stderr, flush=True)
         results["saved_model"] = saved_model(args)
     rows = rows_of(results, args)
+    prefix_tables, found = [], []
+    if "prefix_cache" in args.candidates:
+        print("measuring the prefix cache ...", file=sys.stderr, flush=True)
+        prefix_results, prefix_statuses = prefix_cache(args)
+        statuses += prefix_statuses
+        prefix, headline = prefix_rows(prefix_results)
+        prefix_tables, found = [report.table(PREFIX_COLUMNS, prefix, title="The prefix cache")], [headline]
     settings = {k: getattr(args, k) for k in ("model_dir", "candidates", "clients", "max_batch", "requests", "prompt",
                                               "new", "runs", "prefill_chunk", "decode_steps", "dtype", "tf32",
-                                              "rss_requests", "llama_cpp", "threads")}
+                                              "rss_requests", "llama_cpp", "threads", "shared", "tail",
+                                              "prefix_requests", "prefix_new")}
     settings["rss_mb"] = memory
     columns = [c for c in COLUMNS if c["key"] != "vs_llama_server" or any("vs_llama_server" in r for r in rows)]
-    report.publish(args, "Serving under load", [report.table(columns, rows)], tool=__file__, argv=argv,
-                   settings=settings, notes=notes_of(args, memory, statuses, absent), headlines=headlines(rows, args))
+    tables = ([report.table(columns, rows)] if rows else []) + prefix_tables
+    report.publish(args, "Serving under load", tables, tool=__file__, argv=argv, settings=settings,
+                   notes=notes_of(args, memory, statuses, absent, rows), headlines=headlines(rows, args) + found)
     return 1 if any(statuses) else 0
+
+
+def prefix_note(args):
+    return (f"The prefix cache: two servers of {PREFIX_SLOTS} slots at once, its default pool and none "
+            f"(--prefix_cache_blocks 0); per pass one client sends {args.prefix_requests} prompts of one shared "
+            f"prefix of {args.shared} tokens (cached by the warm-up) and a tail of {args.tail} tokens of their own, "
+            f"then {args.prefix_requests} prompts of {args.shared + args.tail} tokens that share nothing (new in "
+            f"each pass), {args.prefix_new} new tokens each, one after another; medians over {args.runs} passes, "
+            f"the two servers' passes alternating.")
 
 
 if __name__ == "__main__":

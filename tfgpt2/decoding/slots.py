@@ -18,6 +18,9 @@ compiled once per shape bucket, never per request:
   of a sequence from (seed, k) as `tfgpt2.generate` draws it, so that a sequence's tokens never
   depend on what shares the batch.
 
+Besides them, `load(slot, pool)` and `save(slot, places)` copy whole cache blocks between a slot
+and the prefix cache's pool (`decoding.prefix`), as TensorFlow runs them (nothing to compile).
+
 A host (`tfgpt2.serve.scheduler`) decides what runs; nothing here checks its inputs.
 """
 import numpy as np
@@ -26,7 +29,7 @@ import tensorflow as tf
 from ..products import cpus_only
 from . import controls as control
 from . import layouts
-from .cache import BLOCK, blocks_for, call_with_slots, slot_cache
+from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache
 
 TOP_LOGPROBS = 5  # the most likely tokens `decode` reports per step (OpenAI's limit for completions)
 INTS = ("token", "position", "budget", "drawn", "top_k", "logprobs", "biased")  # `decode`'s int32 rows
@@ -37,17 +40,20 @@ class Slots:
     """The programs and the state of `max_batch` slots for `model`. `choose` is
     `tfgpt2.sample.choose`; `chunk` the longest prefill chunk (the cache holds n_ctx + chunk
     positions, rounded up to whole blocks, so that a chunk's padding never wraps); `steps` the
-    most tokens one `decode` call makes; `eot` the token that ends a sequence. Each program is
+    most tokens one `decode` call makes; `eot` the token that ends a sequence; `pool` the
+    blocks of the prefix cache's pool (each the keys and values of BLOCK positions). Each program is
     traced once per shape (`programs`, the compiles), and called as a concrete function: a call
     costs little more than the program (a polymorphic `tf.function` call matches its arguments
     each time)."""
 
-    def __init__(self, model, choose, *, max_batch, chunk, steps, eot):
+    def __init__(self, model, choose, *, max_batch, chunk, steps, eot, pool=0):
         hp = model.hparams
         self.model, self.choose, self.max_batch, self.steps, self.eot = model, choose, max_batch, steps, eot
         self.length = blocks_for(hp.n_ctx + chunk) * BLOCK
         self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
                       for layer in slot_cache(model, max_batch, self.length)]
+        self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)
+                     for layer in empty_cache(model, pool, BLOCK)]  # [pool * n_head, BLOCK, head_dim]
         self.bias = tf.Variable(tf.zeros([max_batch, hp.n_vocab]), trainable=False)
         self.counts = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.int32), trainable=False)
         self.seen = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.bool), trainable=False)
@@ -55,7 +61,7 @@ class Slots:
         # `generator.weights_for` picks them: at one slot without a copy
         self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
                         layouts.split(model) if max_batch == 1 else layouts.transposed(model))
-        self.programs = {}
+        self.programs, self.copies = {}, {}  # the compiled programs; the prefix cache's copies (not compiled)
 
     def program(self, name, *specs, **static):
         """The concrete function of `_<name>` for tensors of `specs` and Python values `static`."""
@@ -82,6 +88,38 @@ class Slots:
         """The sequence in slot `source` to slot `target` (whose sequence has left): its cache
         rows, bias row, counts and seen tokens."""
         self.program("move", tf.TensorSpec([2], tf.int32))(tf.constant([source, target], tf.int32))
+
+    def load(self, slot, pool):
+        """Blocks 0, 1, ... len(pool) - 1 of slot `slot` from the pool's blocks `pool`."""
+        for j, kept in enumerate(pool):
+            self.copy(j, into_slot=True)(tf.constant(slot), tf.constant(kept))
+
+    def save(self, slot, places):
+        """Block j of slot `slot` into pool block p, for each (j, p) of `places`."""
+        for j, kept in places:
+            self.copy(j, into_slot=False)(tf.constant(slot), tf.constant(kept))
+
+    def copy(self, j, *, into_slot):
+        """The graph that copies block j of a slot (its first argument) from or into a pool block
+        (its second), every layer's keys and values: run by TensorFlow as it is, one per block
+        and direction (XLA would take a minute to compile a program of a few hundred copies, and
+        save nothing)."""
+        key = (j, into_slot)
+        if key not in self.copies:
+            self.copies[key] = tf.function(lambda slot, kept: self._copy(j, slot, kept, into_slot),
+                                           autograph=False).get_concrete_function(
+                tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32))
+        return self.copies[key]
+
+    def _copy(self, j, slot, kept, into_slot):
+        heads = tf.range(self.model.hparams.n_head)
+        rows, pooled_rows = (at * heads.shape[0] + heads for at in (slot, kept))
+        for layer, pooled in zip(self.cache, self.pool):
+            for blocks, pool in zip(layer, pooled):  # keys, then values
+                if into_slot:
+                    blocks[j].scatter_nd_update(rows[:, None], pool.sparse_read(pooled_rows))
+                else:
+                    pool.scatter_nd_update(pooled_rows[:, None], blocks[j].sparse_read(rows))
 
     def prefill(self, tokens, slot, start, window, targets=None):
         """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending

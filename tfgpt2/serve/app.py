@@ -41,8 +41,10 @@ log = logging.getLogger("uvicorn.error")
 
 class Metrics:
     """The server's Prometheus metrics, in a registry of its own: requests by status, prompt
-    tokens and time to first token counted here; tokens generated, queue depth, running
-    completions, batch occupancy and compiled programs read from the scheduler at each scrape."""
+    tokens, and vLLM's latencies (time to first token, between tokens, in the queue, of whole
+    requests) counted here; tokens generated, queue depth, running completions, batch
+    occupancy, compiled programs and the prefix cache's queries and hits read from the
+    scheduler at each scrape."""
 
     def __init__(self, scheduler):
         self.registry = r = CollectorRegistry()
@@ -50,8 +52,13 @@ class Metrics:
         self.requests = Counter("tfgpt2_requests", "Completion requests answered, by HTTP status", ["status"],
                                 registry=r)
         self.prompt_tokens = Counter("tfgpt2_prompt_tokens", "Prompt tokens of the completions answered", registry=r)
-        self.first_token = Histogram("tfgpt2_time_to_first_token_seconds", "Seconds from a request to its first "
-                                     "token", buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30), registry=r)
+        seconds = (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+        self.first_token, self.inter_token, self.queue_time, self.e2e = (
+            Histogram("tfgpt2_" + name, text, buckets=seconds, registry=r) for name, text in [
+                ("time_to_first_token_seconds", "Seconds from a request to its first token"),
+                ("inter_token_latency_seconds", "Seconds between a completion's tokens"),
+                ("request_queue_time_seconds", "Seconds a completion waited for a slot"),
+                ("e2e_request_latency_seconds", "Seconds from a request to its whole answer")])
         r.register(self)
 
     def collect(self):
@@ -64,6 +71,10 @@ class Metrics:
                                   ("compiled_programs", "Programs compiled (one per shape bucket)",
                                    len(s.slots.programs))]:
             yield GaugeMetricFamily("tfgpt2_" + name, text, value=value)
+        for name, text in [("queries", "Prompt tokens looked up in the prefix cache"),
+                           ("hits", "Prompt tokens found in the prefix cache (read from it, not computed)")]:
+            yield CounterMetricFamily("tfgpt2_prefix_cache_" + name, text,
+                                      value=getattr(s.prefix, name) if s.prefix else 0)
 
 
 class Choice:
@@ -129,7 +140,8 @@ def create_app(scheduler, *, model_name, encoder, hparams, api_key=None, public_
     app.state.draining, app.state.active, app.state.runs = False, 0, set()
     metrics = Metrics(scheduler)
     if api_key:
-        app.add_middleware(RequireKey, key=api_key, open_paths={"/health"} | ({"/metrics"} if public_metrics else set()))
+        open_paths = {"/health", "/metrics"} if public_metrics else {"/health"}
+        app.add_middleware(RequireKey, key=api_key, open_paths=open_paths)
     app.add_exception_handler(HTTPException, no_route)
 
     @app.exception_handler(RequestError)
@@ -249,6 +261,7 @@ class Run:
         self.start = time.monotonic()
         self.open = len(choices)
         self.first, self.status = True, "200"
+        self.last = {}  # each choice's last event with tokens: when it came
 
     async def next(self, watch):
         """The next event, (choice index, text, logprobs entries, finish reason, token count);
@@ -263,9 +276,8 @@ class Run:
             self.status = "503"
             raise RequestError("the server shut down before this answer was whole (--drain_timeout passed)",
                                status=503, type="server_error", code="service_unavailable")
-        if self.first and count:
-            self.first = False
-            self.metrics.first_token.observe(time.monotonic() - self.start)
+        if count:
+            self._latencies(index, count)
         if reason:
             self.open -= 1
         if reason == "error":
@@ -327,11 +339,27 @@ class Run:
             raise
         else:
             self.metrics.requests.labels(self.status).inc()
+            self.metrics.e2e.observe(time.monotonic() - self.start)
         finally:
             watch.cancel()
             request.app.state.runs.discard(self)
             if self.open:
                 scheduler.cancel([choice.sequence for choice in self.choices])
+
+    def _latencies(self, index, count):
+        """The request's first token, a choice's time in the queue (at its first tokens) and the
+        time between its tokens (`count` new ones) into their histograms."""
+        now = time.monotonic()
+        if self.first:
+            self.first = False
+            self.metrics.first_token.observe(now - self.start)
+        if index in self.last:
+            for _ in range(count):
+                self.metrics.inter_token.observe((now - self.last[index]) / count)
+        else:
+            sequence = self.choices[index].sequence
+            self.metrics.queue_time.observe(sequence.admitted - sequence.submitted)
+        self.last[index] = now
 
     def cut_off(self):
         """End the answer with a 503 (the drain's time is over); its choices are cancelled."""
@@ -365,16 +393,17 @@ class _Engine:
 
 
 def serve(model, encoder, *, model_name, host="127.0.0.1", port=8000, max_batch=16, max_queue=256, chunk=64,
-          steps=1, log_level="warning", ready=None, api_key=None, public_metrics=False, max_body=MAX_BODY,
-          request_timeout=30, drain_timeout=30, docs=False):
+          steps=1, prefix_blocks=64, log_level="warning", ready=None, api_key=None, public_metrics=False,
+          max_body=MAX_BODY, request_timeout=30, drain_timeout=30, docs=False):
     """Serve `model` as `model_name` on host:port until a signal drains the server
     (`server.Server`): `max_batch` slots, `max_queue` completions waiting, prefill chunks of up
-    to `chunk` tokens, up to `steps` tokens per decode call (`scheduler.Scheduler`); `api_key`,
-    `public_metrics`, `max_body` and `docs` as `create_app` takes them; a request must be in
-    whole within `request_timeout` seconds (`server.Protocol`), and the drain ends within
-    `drain_timeout`. `ready()` is called once the port listens."""
+    to `chunk` tokens, up to `steps` tokens per decode call, a prefix cache of `prefix_blocks`
+    blocks (`scheduler.Scheduler`); `api_key`, `public_metrics`, `max_body` and `docs` as
+    `create_app` takes them; a request must be in whole within `request_timeout` seconds
+    (`server.Protocol`), and the drain ends within `drain_timeout`. `ready()` is called once the
+    port listens."""
     scheduler = Scheduler(model, choose, max_batch=max_batch, max_queue=max_queue, chunk=chunk, steps=steps,
-                          eot=encoder.eot_token)
+                          eot=encoder.eot_token, prefix_blocks=prefix_blocks)
     app = create_app(scheduler, model_name=model_name, encoder=encoder, hparams=model.hparams, api_key=api_key,
                      public_metrics=public_metrics, max_body=max_body, docs=docs)
     settings = config(app, host=host, port=port, log_level=log_level, request_timeout=request_timeout)

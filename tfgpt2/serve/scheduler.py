@@ -3,7 +3,9 @@ are prefilled a chunk at a time (one chunk between decode steps, so running stre
 flowing), then join the running batch at the next step; each leaves on its token budget,
 end-of-text, a stop string (its consumer says so) or a cancel, and its slot is reused at once.
 A decode step runs the slots up to the highest in use (`width`), not all `max_batch`; where
-sequences leave low slots while a high one runs on, it moves down into a free one.
+sequences leave low slots while a high one runs on, it moves down into a free one. With a
+prefix cache (`decoding.prefix`), a prompt's whole blocks are kept as its prefill writes them,
+and a later prompt that starts the same way copies them into its slot instead of reading them.
 
 One engine thread runs every TensorFlow program (`Scheduler.run`); the rest of the process only
 queues and cancels sequences (thread-safe) and hears from them through their `sink`.
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..decoding.buckets import bucket
 from ..decoding.cache import BLOCK, blocks_for
+from ..decoding.prefix import PrefixCache
 from ..decoding.slots import FLOATS, INTS, Slots
 
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
@@ -44,9 +47,10 @@ class Sequence:
         self.generated = []
         self.slot = None
         self.context, self.prefilled = self.prompt, 0  # what the slot's cache holds (a window, past n_ctx)
+        self.cached = 0  # the prompt's first blocks in its slot that the prefix cache holds
         self.since_context = 0  # new tokens since the context was set
         self.cancelled = False
-        self.submitted = time.monotonic()
+        self.submitted = self.admitted = time.monotonic()  # when it was queued, when it took a slot
 
     @property
     def position(self):
@@ -63,12 +67,14 @@ class Scheduler:
     `submit`, `cancel`, and `run` in a thread of its own until `close`. At most `max_queue`
     sequences wait for a slot (`submit` raises QueueFull past that). `chunk`: the longest prefill
     chunk; `steps`: the most tokens a decode call makes while no prompt is waiting to be prefilled
-    (more amortize the host's work per call, fewer let new requests in sooner)."""
+    (more amortize the host's work per call, fewer let new requests in sooner); `prefix_blocks`:
+    the blocks of the prefix cache's pool (0: no prefix cache)."""
 
-    def __init__(self, model, choose, *, max_batch, max_queue, chunk=64, steps=1, eot):
+    def __init__(self, model, choose, *, max_batch, max_queue, chunk=64, steps=1, eot, prefix_blocks=0):
         self.n_ctx, self.n_vocab, self.eot = model.hparams.n_ctx, model.hparams.n_vocab, eot
         self.max_batch, self.max_queue, self.chunk = max_batch, max_queue, chunk
-        self.slots = Slots(model, choose, max_batch=max_batch, chunk=chunk, steps=steps, eot=eot)
+        self.slots = Slots(model, choose, max_batch=max_batch, chunk=chunk, steps=steps, eot=eot, pool=prefix_blocks)
+        self.prefix = PrefixCache(prefix_blocks) if prefix_blocks else None
         self.running = [None] * max_batch
         self.waiting = collections.deque()
         self.lock = threading.Condition()
@@ -156,7 +162,7 @@ class Scheduler:
         taken = []
         while self.waiting and None in self.running:
             sequence = self.waiting.popleft()
-            sequence.slot = self.running.index(None)
+            sequence.slot, sequence.admitted = self.running.index(None), time.monotonic()
             self.running[sequence.slot] = sequence
             taken.append(sequence)
         return taken
@@ -170,6 +176,11 @@ class Scheduler:
         self.top_k[slot], self.seed[slot] = sequence.sampling["top_k"], sequence.seed
         self.slots.admit(slot, sequence.prompt, bias)
         sequence.since_context = 0
+        if self._cacheable(sequence):
+            pool = self.prefix.lookup(sequence.prompt, self._whole_chunks(len(sequence.prompt) - 1))
+            if pool:
+                self.slots.load(slot, pool)
+            sequence.cached, sequence.prefilled = len(pool), len(pool) * BLOCK
 
     def _prefill(self, sequence):
         """The next chunk of the sequence's context (its last token is fed by `_decode`)."""
@@ -186,6 +197,23 @@ class Scheduler:
         if targets is not None:
             sequence.prompt_logprobs += [tuple(values[j] for values in out) for j in range(len(piece))]
         sequence.prefilled = start + len(piece)
+        if self._cacheable(sequence):  # the blocks it has written whole, into the pool
+            whole = sequence.prefilled // BLOCK
+            self.slots.save(sequence.slot, self.prefix.store(sequence.prompt, sequence.cached, whole))
+            sequence.cached = whole
+
+    def _cacheable(self, sequence):
+        """Whether the prefix cache serves the sequence: its cache holds its prompt from the
+        start (not a window past n_ctx), and its prompt is not scored (the scoring prefill is
+        another program)."""
+        return self.prefix is not None and sequence.context is sequence.prompt and not sequence.score_prompt
+
+    def _whole_chunks(self, positions):
+        """The whole blocks in the first `positions` positions that end where a prefill chunk
+        ends: a prompt that reuses them is read on from there in the very chunks it would have
+        been read in alone, so that its numbers are the same with the prefix cache or without."""
+        per_chunk = max(1, self.chunk // BLOCK)
+        return positions // (per_chunk * BLOCK) * per_chunk
 
     def _decode(self, steps):
         """Up to `steps` new tokens for each sequence that is ready, handed to its sink."""
