@@ -125,16 +125,14 @@ def test_generate_refuses_an_empty_prompt(tiny_dir, capsys, signals):
     assert "argument --prompt: the prompt is empty" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags", [["--min_p", "0.1"], ["--stop", "."], ["--logit_bias", "5=-100"],
-                                   ["--repetition_penalty", "1.2"], ["--presence_penalty", "0.5"]])
-def test_generate_litert_refuses_the_controls_it_cannot_apply(tmp_path, capsys, signals, flags):
-    """A LiteRT file samples with temperature, top-k and top-p alone: a control is refused
-    before the file is read, not ignored."""
+def test_generate_litert_refuses_context_keep(tmp_path, capsys, signals):
+    """A LiteRT file's cache holds n_ctx positions: --context_keep is refused before the file is
+    read, not ignored (every other control applies: test_litert)."""
     from tfgpt2.cli import generate
     with pytest.raises(SystemExit) as exit:
-        generate.main(["--litert", str(tmp_path / "missing.tflite"), *flags])
+        generate.main(["--litert", str(tmp_path / "missing.tflite"), "--context_keep", "8"])
     assert exit.value.code == 2
-    assert "--litert samples with --temperature, --top_k and --top_p only" in capsys.readouterr().err
+    assert "--context_keep does not apply to --litert" in capsys.readouterr().err
 
 
 

@@ -8,8 +8,10 @@ import tensorflow as tf
 
 from tests.helpers import chi_square, filtered_softmax, prompts_for, reference_logits
 from tfgpt2.decoding import controls as control
+from tfgpt2.decoding import step
 from tfgpt2.decoding.generator import generator_for
-from tfgpt2.sample import choose, generate, min_p_logits, sample_sequence
+from tfgpt2.decoding.sampler import choose, min_p_logits
+from tfgpt2.sample import generate, sample_sequence
 
 
 def reference_greedy(last_logits, prompt, length, stop=(), **controls):
@@ -110,7 +112,7 @@ def test_streamed_chunks_join_to_the_whole_without_compiling_again(tiny, free):
     chunks joined are the rows of the same call without streaming; other chunk sizes and
     other values of the controls compile nothing more (stop sequences: in the same power-of-two
     shape)."""
-    generator = generator_for(tiny, choose)
+    generator = generator_for(tiny)
     before = generator.traces
     options = dict(request("all", free), seed=4, top_k=50, chunk=5)
     unstopped = generate(tiny, PROMPTS, LENGTH, progress=lambda n: None, **dict(options, stop=[[7, 7, 7], [8], [9]]))
@@ -139,15 +141,22 @@ def test_defaults_leave_the_loop_as_it_was(tiny, monkeypatch):
         def weights_for(self, length, batch):
             return None
 
-        def generate_padded(self, weights, prompt, pad, tokens, length, *options):
-            asked.append(options)
-            return tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1), tf.fill([prompt.shape[0]], length)
+        def generate_padded(self, weights, prompt, pad, tokens, length, controls, filters, top):
+            asked.append((sorted(controls), filters, top))
+            rows = prompt.shape[0]
+            return dict(tokens=tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1), count=tf.fill([rows], length),
+                        finish=tf.fill([rows], 1), cut=tf.zeros([rows], tf.int32))
     monkeypatch.setattr("tfgpt2.sample.generator_for", lambda *args, **kwargs: Loop())
     generate(tiny, [[1, 2]], 3, seed=0, logit_bias={}, repetition_penalty=1, presence_penalty=0,
-             frequency_penalty=0.0, min_p=0, stop=[])
+             frequency_penalty=0.0, min_p=0, stop=[], stop_token_ids=[], min_tokens=0,
+             include_stop_str_in_output=False)
     generate(tiny, [[1, 2]], 3, seed=0, presence_penalty=0.5, stop=[[3]])
-    assert len(asked[0]) == 7 and asked[0][-1] == (False, False)
-    assert sorted(asked[1][-1]) == ["frequency", "presence", "stop"]
+    generate(tiny, [[1, 2]], 3, seed=0, stop=["x"], min_tokens=1, logprobs=2)
+    always = sorted(step.ALWAYS + ("eot",))
+    assert asked[0] == (always, (False, False), None)
+    assert asked[1][0] == sorted(always + ["frequency", "presence", "stop_ids"])
+    assert asked[2][0] == sorted(always + ["ends", "min_tokens", "stop_lengths", "stops", "vocabulary"])
+    assert asked[2][2] == 2
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -164,10 +173,13 @@ def test_defaults_leave_the_loop_as_it_was(tiny, monkeypatch):
     (dict(frequency_penalty=float("inf")), "frequency_penalty must be a finite number >= 0, got inf"),
     (dict(min_p=1.5), "min_p must be a number in [0, 1], got 1.5"),
     (dict(min_p=float("nan")), "min_p must be a number in [0, 1], got nan"),
-    (dict(stop=[[]]), "stop sequence 0 must be a non-empty list"),
+    (dict(stop=[[]]), "stop sequence 0 must be a token id or a non-empty list of token ids, got []"),
     (dict(stop=[[5], [50257]]), "stop sequence 1 token must be a token id in [0, n_vocab=50257), got 50257"),
-    (dict(stop="\n"), "stop must be a list of token lists"),
-    (dict(stop=[5, 6]), "stop sequence 0 must be a non-empty list"),
+    (dict(stop=[5, 6]), "stop must be a text, or a list of texts and token lists"),
+    (dict(stop=[""]), "stop 0 must be 1 to 64 bytes of UTF-8, got 0: ''"),
+    (dict(stop_token_ids=[50257]), "stop_token_ids sequence 0 token must be a token id in [0, n_vocab=50257)"),
+    (dict(min_tokens=4), "min_tokens must be at most length (3), got 4"),
+    (dict(logprobs=-1), "logprobs must be an integer in [0, 6), got -1"),
 ])
 def test_bad_controls_are_refused_naming_them(tiny, kwargs, message):
     with pytest.raises(ValueError, match=f"^{__import__('re').escape(message)}"):

@@ -225,7 +225,8 @@ def test_bad_lines_are_named_or_skipped_with_a_count(tiny_dir, tmp_path, capsys,
 
 def test_controls_apply_to_every_line(tiny_dir, tmp_path, model):
     """--repetition_penalty, --logit_bias and --stop on every line: each row is the prompt's
-    greedy row alone with the same controls, a --stop text left out of the row that made it."""
+    greedy row alone with the same controls, its text ending before a --stop text (the
+    server's rule), its tokens those wholly before it."""
     enc = get_encoder(os.path.basename(tiny_dir), os.path.dirname(tiny_dir))
     texts = prompts(6, seed=4, words=6)
     contexts = [enc.encode(text) for text in texts]
@@ -238,8 +239,8 @@ def test_controls_apply_to_every_line(tiny_dir, tmp_path, model):
                                      "--stop", stop), model) == 0
     got = rows(tmp_path / "out.jsonl")
     for n, context in enumerate(contexts):
-        alone = generate(model, [context], 8, temperature=0, jit_compile=False, stop=[enc.encode(stop)], **controls)
-        assert got[n]["tokens"] == alone[0][len(context):].tolist(), f"line {n}"
+        alone = generate(model, [context], 8, temperature=0, jit_compile=False, stop=[stop], encoder=enc, **controls)
+        assert (got[n]["tokens"], got[n]["text"]) == (alone[0].new_tokens.tolist(), alone[0].text), f"line {n}"
     assert len(got[0]["tokens"]) < 8 and stop not in got[0]["text"]
 
 
@@ -268,10 +269,9 @@ def test_lines_with_their_own_controls_equal_each_prompt_alone(tiny_dir, tmp_pat
     for n, (text, fields) in enumerate(zip(texts, LINE_CONTROLS)):
         keywords = dict(dict(temperature=0), **fields)
         keywords["logit_bias"] = {int(k): v for k, v in keywords.get("logit_bias", {}).items()}
-        keywords["stop"] = [enc.encode(t) for t in keywords.get("stop", [])]
         context = enc.encode(text)
-        alone = generate(model, [context], 8, jit_compile="seed" in fields, **keywords)[0]
-        assert got[n]["tokens"] == alone[len(context):].tolist(), f"line {n}"
+        alone = generate(model, [context], 8, jit_compile="seed" in fields, encoder=enc, **keywords)[0]
+        assert (got[n]["tokens"], got[n]["text"]) == (alone.new_tokens.tolist(), alone.text), f"line {n}"
     free = generate(model, [enc.encode(texts[1])], 8, temperature=0, jit_compile=False)[0]
     assert got[1]["tokens"] != free[len(enc.encode(texts[1])):].tolist(), "the line's controls changed nothing"
     out.write_text("".join(json.dumps(r) + "\n" for n, r in got.items() if n != 2))
@@ -285,8 +285,10 @@ def test_lines_with_their_own_controls_equal_each_prompt_alone(tiny_dir, tmp_pat
     ("seed", 1.5, "field 'seed' must be an integer in [0, 2**63), got 1.5"),
     ("logit_bias", {"50257": 1}, "field 'logit_bias' token must be a token id in [0, n_vocab=50257), got 50257"),
     ("logit_bias", {"x": 1}, "field 'logit_bias' must be an object of token ids (strings of digits) to numbers, "
-                             "got {\"x\": 1}"),
-    ("stop", "a", "field 'stop' must be a list of non-empty strings, got \"a\""),
+                             "such as {\"50256\": -100}, got {\"x\": 1}"),
+    ("stop", 5, "field 'stop' must be a string or a list of strings, got 5"),
+    ("stop", [""], "field 'stop' 0 must be 1 to 64 bytes of UTF-8, got 0: ''"),
+    ("min_tokens", 9, "field 'min_tokens' must be at most --length (4), got 9"),
     ("stop_at_eot", 1, "field 'stop_at_eot' must be true or false, got 1"),
     ("repetition_penalty", 0, "field 'repetition_penalty' must be a finite number > 0, got 0"),
 ])

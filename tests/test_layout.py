@@ -320,6 +320,24 @@ def test_the_floor_check_finds_imports_up():
                                  ("tfgpt2.train.flags", 1, "tfgpt2.cli.args")]
 
 
+def test_the_sampler_is_reached_down_the_floors_once(graph):
+    """The engine never reaches up to the library's door: nothing in decoding/ imports
+    `tfgpt2.sample` (which once handed `choose` down to the loops that it called back), and from
+    bulk generation down to the sampler every import path passes through `tfgpt2.sample` at
+    most once (the graph has no circle, so each path is simple)."""
+    up = [(m, t) for m, edges in graph.items() for t, _ in edges if within(m, ["tfgpt2.decoding"])
+          and t == "tfgpt2.sample"]
+    assert not up, up
+    paths, todo = [], [["tfgpt2.bulk.pool"]]
+    while todo:
+        path = todo.pop()
+        if path[-1] == "tfgpt2.decoding.sampler":
+            paths.append(path)
+            continue
+        todo += [path + [t] for t, _ in graph.get(path[-1], ()) if within(t, ["tfgpt2"]) and t not in path]
+    assert paths and all(path.count("tfgpt2.sample") <= 1 for path in paths), paths
+
+
 def test_model_imports_only_hparams_and_its_helpers(graph):
     """The mirror imports nothing of generation's machinery, training, the formats, the
     commands or the test harness: `tfgpt2.hparams`, its helpers beside it (the precise

@@ -1,5 +1,6 @@
 """The request rules (`tfgpt2.decoding.request`): one range per value, one `fits`, asked alike by
 the library, the commands' flags, a JSONL line and the SavedModel's graph."""
+import dataclasses
 import json
 import math
 import re
@@ -11,7 +12,8 @@ import tensorflow as tf
 from tests.helpers import TINY, samples
 from tfgpt2.cli import common, compare, generate as generate_command, generate_batch
 from tfgpt2.decoding import request
-from tfgpt2.decoding.request import RANGES, batch_seed, check_request, check_sampling, check_value, fits
+from tfgpt2.decoding.request import RANGES, check_request, check_value, fits
+from tfgpt2.seeds import draw, seed_of
 from tfgpt2.formats import checkpoint
 from tfgpt2.sample import generate
 from tfgpt2.testing import reference
@@ -54,33 +56,65 @@ def test_python_and_the_graph_hold_the_same_range(field):
 
 
 def test_a_field_is_named_as_its_user_knows_it():
-    names = {"top_k": "--top_k", "length": "max_tokens", "prompts": "prompt", "stop": "field 'stop'"}
+    names = {"top_k": "--top_k", "length": "max_tokens", "prompts": "prompt", "stop_token_ids": "field 'stop'",
+             "stop": "--stop", "min_tokens": "--min_tokens"}
     for kwargs, message in [
         (dict(top_k=-1), "--top_k must be an integer in [0, 2**31), got -1"),
         (dict(length=0), "max_tokens must be an integer in [1, 2**31), got 0"),
         (dict(prompts=[[5, N_VOCAB]]), f"prompt 0: token ids must be in [0, n_vocab={N_VOCAB}), got [{N_VOCAB}]"),
         (dict(length=N_CTX), f"prompt of 2 tokens + max_tokens {N_CTX} - 1 exceeds the context window n_ctx={N_CTX}"),
-        (dict(stop=[[1], []]), "field 'stop' sequence 1 must be a non-empty list of token ids, got []"),
+        (dict(stop_token_ids=[[1], []]), "field 'stop' sequence 1 must be a token id or a non-empty list of token ids, "
+                                         "got []"),
         (dict(seed=True), "seed must be an integer in [0, 2**63), got True"),
         (dict(logit_bias={t: -100 for t in range(N_VOCAB)}), "logit_bias bans every token"),
+        (dict(stop=["ok", ""]), "--stop 1 must be 1 to 64 bytes of UTF-8, got 0: ''"),
+        (dict(stop=["é" * 33]), f"--stop 0 must be 1 to 64 bytes of UTF-8, got 66: {'é' * 33!r}"),
+        (dict(stop=["x"] * 65), "--stop: at most 64 stop strings, got 65"),
+        (dict(stop=[5]), "--stop must be a text or a list of texts, got [5]"),
+        (dict(min_tokens=4), "--min_tokens must be at most max_tokens (3), got 4"),
+        (dict(logprobs=6), "logprobs must be an integer in [0, 6), got 6"),
+        (dict(stop_at_eot=1), "stop_at_eot must be true or false, got 1"),
     ]:
         arguments = dict(dict(prompts=[[5, 6]], length=3), **kwargs)
+        prompts = arguments.pop("prompts")
         with pytest.raises(ValueError) as error:
-            check_request(arguments.pop("prompts"), arguments.pop("length"), n_vocab=N_VOCAB, n_ctx=N_CTX,
-                          names=names, **arguments)
+            made = check_request(n_vocab=N_VOCAB, n_ctx=N_CTX, names=names, **arguments)
+            request.check_window(max(map(len, request.check_prompts(prompts, N_VOCAB))), made.length, N_CTX,
+                                 names=names)
         assert str(error.value) == message
 
 
-def test_a_checked_request_is_what_generate_takes():
-    checked = check_request([[5, 6], np.array([7])], 4, n_vocab=N_VOCAB, n_ctx=N_CTX, top_k=np.int32(40),
-                            logit_bias={np.int64(3): -1}, stop=[[9, 10]], seed=None)
-    assert [p.tolist() for p in checked.prompts] == [[5, 6], [7]] and checked.length == 4
-    assert checked.context_keep is None
-    assert checked.sampling == dict(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
-                                    presence_penalty=0.0, frequency_penalty=0.0, seed=checked.sampling["seed"],
-                                    logit_bias={3: -1.0}, stop=[[9, 10]], stop_at_eot=False, eot=50256)
-    assert type(checked.sampling["top_k"]) is int and 0 <= checked.sampling["seed"] < 2**31  # drawn
-    assert check_sampling(N_VOCAB, seed=LARGEST_SEED)["seed"] == LARGEST_SEED
+def test_a_checked_request_holds_every_control():
+    """The request object holds every control, checked and in one form (Python numbers, tuples),
+    with vLLM's names where they exist (`ignore_eos`); a seed of None is drawn from the whole
+    range, and one given is kept."""
+    checked = check_request(n_vocab=N_VOCAB, n_ctx=N_CTX, length=4, top_k=np.int32(40), logit_bias={np.int64(3): -1},
+                            stop="\n", stop_token_ids=[9, [9, 10]], min_tokens=2, logprobs=3, context_keep=8)
+    assert checked == request.Request(length=4, top_k=40, logit_bias=((3, -1.0),), stop=("\n",),
+                                      stop_token_ids=((9,), (9, 10)), min_tokens=2, logprobs=3, context_keep=8,
+                                      seed=checked.seed)
+    assert type(checked.top_k) is int and 0 <= checked.seed < 2**63 and checked.ignore_eos
+    assert check_request(n_vocab=N_VOCAB, n_ctx=N_CTX, length=1, seed=LARGEST_SEED).seed == LARGEST_SEED
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        checked.length = 5
+
+
+def test_json_fields_are_read_by_one_reader():
+    """The JSON shapes of "stop" and "logit_bias", as the server's protocol and a JSONL line read
+    them (`json_stop`, `json_logit_bias`): a text or a list of texts; an object of token ids as
+    strings of digits to numbers."""
+    assert request.json_stop("x") == "x" and request.json_stop(["a", "b"]) == ["a", "b"] and request.json_stop(None) is None
+    assert request.json_logit_bias({"50256": -100, "7": 1.5}) == {50256: -100, 7: 1.5}
+    for reader, value, message in [
+        (request.json_stop, 5, "stop must be a string or a list of strings, got 5"),
+        (request.json_stop, ["a", 1], 'stop must be a string or a list of strings, got ["a", 1]'),
+        (request.json_logit_bias, [1], 'logit_bias must be an object of token ids (strings of digits) to numbers, '
+                                       'such as {"50256": -100}, got [1]'),
+        (request.json_logit_bias, {"x": 1}, 'logit_bias must be an object of token ids (strings of digits) to '
+                                            'numbers, such as {"50256": -100}, got {"x": 1}'),
+    ]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            reader(value)
 
 
 def test_the_length_rule_is_the_originals_and_slides_with_context_keep():
@@ -96,9 +130,17 @@ def test_the_length_rule_is_the_originals_and_slides_with_context_keep():
             request.check_window(longest, length, N_CTX, context_keep=keep)
 
 
-def test_batch_seeds_stay_in_the_seed_range():
-    assert batch_seed(7, 3) == 10
-    assert batch_seed(LARGEST_SEED, 0) == LARGEST_SEED and batch_seed(LARGEST_SEED, 1) == 0
+def test_derived_seeds_stay_in_the_seed_range():
+    """Sample k of a run seeded s uses s + k, wrapped into the range, for Python ints and int64
+    tensors (the SavedModel's rows) alike, and a drawn seed is anywhere in the range."""
+    assert seed_of(7, 3) == 10
+    assert seed_of(LARGEST_SEED, 0) == LARGEST_SEED and seed_of(LARGEST_SEED, 1) == 0
+    seeds_ = tf.constant([LARGEST_SEED, LARGEST_SEED - 2, 7, 0], tf.int64)
+    rows = tf.constant([1, 3, 3, 5])
+    assert seed_of(seeds_, rows).numpy().tolist() == [seed_of(int(s), int(r)) for s, r in zip(seeds_, rows)] == [
+        0, 0, 10, 5]
+    drawn = [draw() for _ in range(64)]
+    assert all(RANGES["seed"].holds(s) for s in drawn) and max(drawn) >= 2**62  # the whole range, not 2**31
 
 
 # ---- every entry point gives the rule's answer --------------------------------------------
@@ -162,10 +204,10 @@ def test_prompt_and_length_fit_the_window_alike_in_the_library_the_flags_and_a_j
     enc = common.encoder_of(tiny_dir)
     text, context = TEXT, enc.encode(TEXT)
     length = N_CTX + 1 - len(context)
-    check_request([context], length, n_vocab=N_VOCAB, n_ctx=N_CTX)  # generate_litert's, a server's
+    request.check_window(len(context), length, N_CTX)  # generate_litert's, a server's
     with pytest.raises(ValueError, match=re.escape(f"prompt of {len(context)} tokens + length {length + 1} - 1 "
                                                    f"exceeds the context window n_ctx={N_CTX}")):
-        check_request([context], length + 1, n_vocab=N_VOCAB, n_ctx=N_CTX)
+        request.check_window(len(context), length + 1, N_CTX)
     new = generate(tiny, [context], length, seed=1)[0][len(context):].tolist()
     assert len(new) == length
 

@@ -1,6 +1,7 @@
 """Sampling and the compiled generation loop: against the reference, against the uncached
 model, and the statistics of top-k, top-p and temperature."""
 import concurrent.futures
+import dataclasses
 import gc
 import logging
 import weakref
@@ -20,7 +21,11 @@ from tfgpt2.decoding.layouts import SPLIT_K, transpose_pays
 from tfgpt2.decoding.generator import Generator, generator_for
 from tfgpt2.decoding.buckets import bucket_sizes
 from tfgpt2 import sample as sample_module
-from tfgpt2.sample import choose, generate, sample_sequence, top_k_logits, top_p_logits
+from tfgpt2.decoding import step
+from tfgpt2.decoding.request import check_request
+from tfgpt2.decoding.sampler import choose
+from tfgpt2.sample import generate, sample_sequence, top_k_logits, top_p_logits
+from tfgpt2.seeds import seed_of
 
 
 def assert_greedy(model, prompt, row):
@@ -159,13 +164,17 @@ SAMPLED = (tf.constant(1.0), tf.constant(0), tf.constant(1.0))  # temperature, t
 def loop_args(model, batch, longest, length, *, prompt=None, seed=0):
     """Arguments of `Generator.generate_padded` for `batch` prompts of at most `longest` tokens
     (ones, or `prompt` [batch, prompt_len]) and `length` new ones, sampled at temperature 1, top_k
-    0, top_p 1: (prompt_len, the generator, the arguments)."""
-    generator = generator_for(model, choose)
+    0, top_p 1 (the controls, `step.controls_for`; `choose`'s filters follow them): (prompt_len,
+    the generator, the arguments)."""
+    generator = generator_for(model)
     prompt_len, total = (int(n) for n in bucket_sizes(longest, length, model.hparams.n_ctx))
     prompt = tf.ones([batch, prompt_len], tf.int32) if prompt is None else prompt
+    request = check_request(n_vocab=model.hparams.n_vocab, n_ctx=model.hparams.n_ctx, length=length, seed=seed)
+    controls, _ = step.controls_for([dataclasses.replace(request, seed=seed_of(seed, r)) for r in range(batch)],
+                                    model.hparams.n_vocab)
     return prompt_len, generator, (
         generator.weights_for(length, batch), prompt, tf.zeros([batch], tf.int32), tf.zeros([batch, total], tf.int32),
-        tf.constant(length), *SAMPLED, tf.constant(seed, tf.int64), tf.constant(50256), tf.constant(False))
+        tf.constant(length), controls)
 
 
 @pytest.fixture(scope="module")
@@ -178,14 +187,16 @@ def loop_graph(tiny):
     def counted(*args, **kwargs):
         calls.append(tf.compat.v1.get_default_graph().name)
         return choose(*args, **kwargs)
-    generator, calls = Generator(tiny, counted), []
+    generator, calls = Generator(tiny), []
 
     def traced(batch, longest, *filters):
         key = (batch, longest, filters)
         if key not in graphs:
             calls.clear()
             args = loop_args(tiny, batch, longest, 40)[2]
-            graphs[key], chooses[key] = graph_def(generator.generate_padded, *args, *filters), list(calls)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(step, "choose", counted)
+                graphs[key], chooses[key] = graph_def(generator.generate_padded, *args, *filters), list(calls)
         return graphs[key]
     traced.chooses = chooses
     return traced
@@ -242,7 +253,7 @@ def test_the_sampler_is_compiled_once(tiny, loop_graph):
     calls = loop_graph.chooses[1, 5, ()]
     assert len(calls) == 1 and "while_body" in calls[0], calls
     alone = graph_def(tf.function(lambda logits, t, k, p: choose(logits, temperature=t, top_k=k, top_p=p,
-                                                                 seed=[0, 0])),
+                                                                 seed=[[0, 0]])),
                       tf.zeros([1, tiny.hparams.n_vocab]), *SAMPLED)
     assert while_loops(alone) >= 1 and while_loops(graph) == 1 + while_loops(alone)
 
@@ -256,10 +267,12 @@ class Asked:
     def weights_for(self, length, batch):
         return None
 
-    def generate_padded(self, weights, prompt, pad, tokens, length, *options):
-        self.filters.append(options[-1])
+    def generate_padded(self, weights, prompt, pad, tokens, length, controls, filters, top):
+        self.filters.append(filters)
         tokens = tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1)
-        return tokens, tf.fill([tokens.shape[0]], length)
+        rows = tokens.shape[0]
+        return dict(tokens=tokens, count=tf.fill([rows], length), finish=tf.fill([rows], step.LENGTH),
+                    cut=tf.zeros([rows], tf.int32))
 
 
 def test_filters_a_request_cannot_use_are_left_out(tiny, loop_graph, monkeypatch):
@@ -282,7 +295,7 @@ def test_leaving_the_filters_out_draws_the_same_tokens(tiny):
     length = 20
     prompt = tf.constant(prompts_for(4, [16, 16]), tf.int32)
     prompt_len, generator, args = loop_args(tiny, 2, 16, length, prompt=prompt, seed=5)
-    both, neither = (generator.generate_padded(*args, f)[0].numpy() for f in [(True, True), (False, False)])
+    both, neither = (generator.generate_padded(*args, f)["tokens"].numpy() for f in [(True, True), (False, False)])
     np.testing.assert_array_equal(neither, both)
     rows = generate(tiny, prompt.numpy().tolist(), length, seed=5)
     np.testing.assert_array_equal(np.stack(rows), neither[:, :prompt_len + length])
@@ -311,11 +324,11 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     """On a CPU under XLA, from TRANSPOSE_FROM new tokens: split products at batch 1, the
     transposed copies at more rows; the same greedy tokens as the uncached model."""
     model = load_model(wide_dir)
-    gen = generator_for(model, choose)
+    gen = generator_for(model)
     assert gen.weights_for(16, 1) == layouts.split(model, SPLIT_K)
     assert len(gen.weights_for(16, 2)) == model.hparams.n_layer
     assert gen.weights_for(15, 2) is None and gen.weights_for(15, 1) is None
-    assert generator_for(model, choose, jit_compile=False).weights_for(16, 2) is None
+    assert generator_for(model, jit_compile=False).weights_for(16, 2) is None
     prompts = prompts_for(12, [3, 1, 6])
     copies, transposed = [], gen.transposed
     gen.transposed = lambda: copies.append(1) or transposed()
@@ -337,9 +350,9 @@ def test_compiled_functions_live_and_die_with_the_model(tiny_dir):
     freed once dropped: the Generator kept for it does not hold it."""
     model = load_model(tiny_dir)
     generate(model, [[1, 2]], 3, seed=0)
-    kept = generator_for(model, choose)
+    kept = generator_for(model)
     generate(model, [[1, 2]], 3, seed=0, progress=lambda n: None)
-    assert generator_for(model, choose) is kept and kept.traces == 3  # the whole loop, then its two pieces
+    assert generator_for(model) is kept and kept.traces == 3  # the whole loop, then its two pieces
     ref = weakref.ref(model)
     del model
     gc.collect()
@@ -362,9 +375,9 @@ def test_a_loop_is_compiled_afresh_for_lora_and_int8(tiny_dir):
     assert_greedy(model, prompt, after)
     assert after.tolist() != before.tolist()
     model = load_model(tiny_dir)
-    float_loop = generator_for(model, choose)
+    float_loop = generator_for(model)
     model.quantize("int8")
-    assert generator_for(model, choose) is not float_loop
+    assert generator_for(model) is not float_loop
 
 
 def test_temperature_zero_is_greedy():
@@ -400,7 +413,7 @@ def test_variable_length_batch_rows_equal_rows_alone(folder, request):
 
 @pytest.mark.slow
 def test_one_compile_per_bucket(tiny):
-    gen = generator_for(tiny, choose)
+    gen = generator_for(tiny)
     before = gen.traces
     for length, new in [(3, 5), (5, 6), (9, 2), (16, 8)]:  # prompt bucket 16, total bucket 24
         generate(tiny, prompts_for(length, [length, length]), new, seed=1)
@@ -414,7 +427,7 @@ def test_twenty_prompt_lengths_compile_at_most_seven_times(tiny_dir):
     model = load_model(tiny_dir)
     for n in range(1, 60, 3):
         generate(model, prompts_for(n, [n]), 5, seed=0)
-    assert generator_for(model, choose).traces <= 7
+    assert generator_for(model).traces <= 7
 
 
 @pytest.mark.slow

@@ -48,9 +48,9 @@ def test_unconditional_numbers_samples_1_to_n_and_repeats_with_a_seed(tiny_dir, 
     got = samples(out)
     assert [n for n, _ in got] == [1, 2, 3]
     assert all(text for _, text in got)
-    assert len({text for _, text in got}) == 3  # the second batch has its own seed
+    assert len({text for _, text in got}) == 3  # sample k has its own seed, seed + k
     assert again == out
-    assert one_at_a_time != out  # as --batch_size's help says
+    assert one_at_a_time == out  # as --seed's help says: whatever --batch_size
 
 
 def test_unconditional_greedy_is_the_library_greedy(tiny_dir, capsys, monkeypatch, signals):
@@ -170,7 +170,7 @@ def test_help_shows_the_printf_example_and_what_seeds_depend_on(capsys, signals)
     assert "    printf 'First prompt\\nSecond prompt\\n' | tfgpt2 interactive --length 20 --seed 1\n" in out
     assert "    printf 'First prompt\\nSecond prompt\\n' | python -m tfgpt2.interactive_conditional_samples\n" in out
     words = " ".join(out.split())
-    assert "with --seed another batch size gives other samples" in words
+    assert "sample k uses seed + k, whatever --batch_size" in words
     assert "only affects" not in words
 
 
@@ -209,15 +209,3 @@ def test_a_sample_is_printed_as_it_is_generated(tmp_path):
     ((number, text),) = samples((first + rest).decode())
     assert number == 1 and running
     assert len(first) < len((first + rest)) / 2, "the sample came at once"
-
-
-def test_streamed_text_keeps_characters_whole():
-    """Pieces of tokens that split a character's bytes: each character is printed once, whole."""
-    from tfgpt2.cli.common import texts
-    enc = default_encoder()
-    text = "naïve 日本語 🤖 done"
-    tokens = enc.encode(text)
-    assert len(tokens) > len(text.split())  # some character spans tokens
-    pieces = list(texts(enc, [[t] for t in tokens]))
-    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
-    assert "".join(texts(enc, [tokens[:3], tokens[3:]])) == enc.decode(tokens)

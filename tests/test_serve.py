@@ -3,14 +3,12 @@ server for the module, a child process on the tiny model (n_ctx 64) with 4 slots
 whose answers are held to `tfgpt2.generate` on each prompt alone (in this process), the text
 streams to the one-shot decoding of their tokens, and log-probabilities to NumPy's over the
 model's logits; hostile and slow clients meet its limits while it serves others. The SIGTERM
-test ends the server (a test after it starts another: any order passes). `TextStream` is
-checked alone first (no TensorFlow)."""
+test ends the server (a test after it starts another: any order passes)."""
 import asyncio
 import collections
 import concurrent.futures
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -28,7 +26,7 @@ import pytest
 
 from tests.helpers import ROOT, free_port
 from tfgpt2.encoder import default_encoder
-from tfgpt2.serve.text import TextStream, token_text
+from tfgpt2.decoding.text import token_text
 
 SLOTS, QUEUE = 4, 12  # 16 completions at once: 4 running, 12 waiting
 NEW = 12  # new tokens: with prompts of <= 16 tokens, one compiled program here and one window there
@@ -37,60 +35,6 @@ MULTIBYTE = ENCODER.encode("東京🙂 é ☃")  # byte-level tokens: most pairs
 PROMPTS = ["Every effort moves you", "naïve café, 東京 🙂 — déjà vu", "Ünïcödé ☃ snowman", "The quick brown fox",
            "Hello, world!", "Once upon a time", "1 2 3 4 5", "¿Qué tal?", "Ελληνικά", "日本語のテキスト", "def main():",
            "<|endoftext|>Hi", "A b", "It was the best of times", "Καλημέρα", "emoji 🎉🎉"]  # 2 to 16 tokens each
-
-
-# ---- TextStream alone -------------------------------------------------------------------------
-
-def pieces_of(stream, tokens, cuts):
-    """The text a stream releases for `tokens` fed in groups ending at `cuts`, and the stop."""
-    out, stopped, start = [], False, 0
-    for end in list(cuts) + [len(tokens)]:
-        text, _, stopped = stream.feed(tokens[start:end])
-        out.append(text)
-        start = end
-        if stopped:
-            break
-    out.append(stream.finish()[0])
-    return out, stopped
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_text_stream_joins_to_the_whole_decoding(seed):
-    """Tokens of partial characters (and invalid bytes) fed in any grouping: no piece ends in
-    the middle of a character, and the pieces join to the one-shot decoding of every token."""
-    rng = random.Random(seed)
-    tokens = [rng.choice(MULTIBYTE + ENCODER.encode(" a b")) for _ in range(rng.randint(1, 30))]
-    cuts = sorted(rng.sample(range(len(tokens)), rng.randint(0, len(tokens) - 1)))
-    pieces, stopped = pieces_of(TextStream(ENCODER.encoding.decode_single_token_bytes), tokens, cuts)
-    assert "".join(pieces) == ENCODER.decode(tokens) and not stopped
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_text_stream_cuts_at_the_first_stop_string_and_never_streams_it(seed):
-    """OpenAI's rule on the text: it ends before the first stop string (anywhere, also across
-    tokens and pieces); no piece ever holds a part of it."""
-    rng = random.Random(seed)
-    words = ENCODER.encode(" the cat sat on the mat, the end")
-    tokens = [rng.choice(words) for _ in range(25)]
-    whole = ENCODER.decode(tokens)
-    stops = rng.sample(["the end", " mat,", "at", "t t", "zzz", "cat sat"], 2)
-    cuts = sorted(rng.sample(range(len(tokens)), rng.randint(0, 10)))
-    pieces, stopped = pieces_of(TextStream(ENCODER.encoding.decode_single_token_bytes, stops), tokens, cuts)
-    found = [i for i in (whole.find(s) for s in stops) if i >= 0]
-    assert "".join(pieces) == (whole[:min(found)] if found else whole)
-    assert stopped == bool(found)
-
-
-def test_text_stream_releases_log_probability_entries_with_their_text():
-    """Each token's entry comes with the text it starts in, offsets counted after an echoed
-    prompt; tokens cut off by a stop string have none."""
-    tokens = ENCODER.encode(" one two three four")
-    stream = TextStream(ENCODER.encoding.decode_single_token_bytes, [" three"], offset=5)
-    entries = [{"token": ENCODER.decode([t])} for t in tokens]
-    text, released, stopped = stream.feed(tokens, entries)
-    assert (text, stopped) == (" one two", True)
-    assert [(e["token"], e["offset"]) for e in released] == [(" one", 5), (" two", 9)]
-    assert token_text(b"\xe6\x9d") == "bytes:\\xe6\\x9d" and token_text(b" a") == " a"
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -275,17 +219,24 @@ def test_sixteen_concurrent_clients_each_get_their_answer_alone(client, tiny):
     assert answers == expected
 
 
+def greedy(model, length, **controls):
+    """A request of `length` tokens for the scheduler (greedy, seed 0, unless `controls` say
+    otherwise), ended at <|endoftext|> as the server's are."""
+    from tfgpt2.decoding.request import check_request
+    hp = model.hparams
+    return check_request(n_vocab=hp.n_vocab, n_ctx=hp.n_ctx, length=length, stop_at_eot=True,
+                         **dict(dict(temperature=0.0, seed=0), **controls))
+
+
 def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     """The scheduler alone (no server): one sequence decodes one slot wide, whatever
     --max_batch; three at once (slots 0 to 2), four, and as the first two end the third moves
     down to slot 0 (its cache, penalties' counts and bias with it), so two, then one; each
     sequence's tokens are `generate`'s for its prompt alone, at every width."""
-    from tfgpt2.sample import choose, generate
+    from tfgpt2.sample import generate
     from tfgpt2.serve.scheduler import Scheduler, Sequence, width
     assert [width(n, 16) for n in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16] and width(5, 6) == 6
-    scheduler = Scheduler(tiny, choose, max_batch=8, max_queue=8, chunk=16, eot=ENCODER.eot_token)
-    greedy = dict(temperature=0.0, top_p=1.0, min_p=0.0, repetition=1.0, presence=0.0, frequency=0.0, top_k=0)
-    penalized = dict(greedy, repetition=3.0, presence=2.0, frequency=5.0)
+    scheduler = Scheduler(tiny, max_batch=8, max_queue=8, chunk=16, eot=ENCODER.eot_token)
     penalties = dict(repetition_penalty=3.0, presence_penalty=2.0, frequency_penalty=5.0)
     eot = {ENCODER.eot_token: -100.0}  # banned: each sequence makes its tokens
     prompts = [ENCODER.encode(p) for p in PROMPTS[:3]]
@@ -300,8 +251,8 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     def run(prompts, new):
         ended = [concurrent.futures.Future() for _ in prompts]
         last = len(prompts) - 1  # the last sequence has penalties and a bias
-        sequences = [Sequence(p, n, penalized if i == last else greedy, lambda tokens, logprobs, end, f=f: end
-                              and f.set_result(end), bias=bias if i == last else eot)
+        sequences = [Sequence(p, greedy(tiny, n, logit_bias=bias, **penalties) if i == last else greedy(
+            tiny, n, logit_bias=eot), lambda tokens, logprobs, end, cut, f=f: end and f.set_result(end))
                      for i, (p, n, f) in enumerate(zip(prompts, new, ended))]
         scheduler.submit(sequences)
         concurrent.futures.wait(ended, timeout=120)
@@ -351,17 +302,16 @@ def test_sequences_run_across_the_cache_blocks(long_model):
     once at positions of their own, one across the first block's end (from 39 to 78), the other
     in the second block, its prompt read in one chunk across the first block's end; each one's
     tokens are `generate`'s for its prompt alone."""
-    from tfgpt2.sample import choose, generate
+    from tfgpt2.sample import generate
     from tfgpt2.serve.scheduler import Scheduler, Sequence
     model = long_model
-    scheduler = Scheduler(model, choose, max_batch=2, max_queue=2, chunk=128, eot=ENCODER.eot_token)
-    greedy = dict(temperature=0.0, top_p=1.0, min_p=0.0, repetition=1.0, presence=0.0, frequency=0.0, top_k=0)
+    scheduler = Scheduler(model, max_batch=2, max_queue=2, chunk=128, eot=ENCODER.eot_token)
     eot = {ENCODER.eot_token: -100.0}  # banned: each sequence makes its tokens
     rng = np.random.default_rng(0)
     prompts, new = [rng.integers(0, ENCODER.eot_token, n).tolist() for n in (80, 40)], [40, 40]
     ended = [concurrent.futures.Future() for _ in prompts]
-    sequences = [Sequence(p, n, greedy, lambda tokens, logprobs, end, f=f: end and f.set_result(end), bias=eot)
-                 for p, n, f in zip(prompts, new, ended)]
+    sequences = [Sequence(p, greedy(model, n, logit_bias=eot), lambda tokens, logprobs, end, cut, f=f: end
+                          and f.set_result(end)) for p, n, f in zip(prompts, new, ended)]
     engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
     try:
         scheduler.submit(sequences)
@@ -372,7 +322,7 @@ def test_sequences_run_across_the_cache_blocks(long_model):
     expected = generate(model, prompts, max(new), temperature=0, logit_bias=eot)  # each row as if alone
     for p, n, s, row in zip(prompts, new, sequences, expected):
         assert s.generated == row[len(p):len(p) + n].tolist(), len(p)
-    assert {key[2][0][1] for key in scheduler.slots.programs if key[0] == "decode"} == {128}  # windows
+    assert {dict(key[2])["window"] for key in scheduler.slots.programs if key[0] == "decode"} == {128}  # windows
 
 
 def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model):
@@ -381,7 +331,6 @@ def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model)
     with the prefix cache and without: the later two copy the first block from the cache and
     read their prompts on from position 64; their tokens and log-probabilities are the same to
     the bit as without the cache, and the cache counts the tokens asked for and found."""
-    from tfgpt2.sample import choose
     from tfgpt2.serve.scheduler import Scheduler, Sequence
     rng = np.random.default_rng(1)
     shared = rng.integers(0, ENCODER.eot_token, 64).tolist()
@@ -389,20 +338,20 @@ def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model)
     prompts[2][64:] = prompts[0][64:]  # the first prompt again
     others = [rng.integers(0, ENCODER.eot_token, 70).tolist() for _ in range(2)]  # another first block
     prompts = [prompts[0], others[0], prompts[1], others[1], prompts[2]]
-    sampled = dict(temperature=1.0, top_p=0.9, min_p=0.0, repetition=1.2, presence=0.0, frequency=0.0, top_k=0)
     runs = []
     for blocks in (4, 0):
-        scheduler = Scheduler(long_model, choose, max_batch=1, max_queue=1, chunk=64, eot=ENCODER.eot_token,
+        scheduler = Scheduler(long_model, max_batch=1, max_queue=1, chunk=64, eot=ENCODER.eot_token,
                               prefix_blocks=blocks)
         starts, prefill = [], scheduler.slots.prefill
         scheduler.slots.prefill = lambda tokens, slot, start, *rest: starts.append(start) or prefill(
             tokens, slot, start, *rest)
         ended = [concurrent.futures.Future() for _ in prompts]
         heard = [[] for _ in prompts]
-        sequences = [Sequence(p, 24, dict(sampled, temperature=float(n in (1, 2, 4))),
-                              lambda tokens, logprobs, end, n=n: (heard[n].extend(logprobs),
-                                                                  end and ended[n].set_result(end))[-1],
-                              seed=n, logprobs=True) for n, p in enumerate(prompts)]
+        sequences = [Sequence(p, greedy(long_model, 24, temperature=float(n in (1, 2, 4)), top_p=0.9,
+                                        repetition_penalty=1.2, seed=n, logprobs=5),
+                              lambda tokens, logprobs, end, cut, n=n: (heard[n].extend(logprobs),
+                                                                       end and ended[n].set_result(end))[-1])
+                     for n, p in enumerate(prompts)]
         run_alone(scheduler, sequences, ended)
         runs.append(([s.generated for s in sequences], heard, starts, scheduler.prefix))
     (cached, cached_logprobs, cached_starts, prefix), (alone, alone_logprobs, alone_starts, _) = runs
@@ -515,7 +464,9 @@ BAD = [  # (request fields, status, the message's words, the field it names)
     (dict(logit_bias={"50257": 1}), 400, r"logit_bias token must be a token id in \[0, n_vocab=50257\), got 50257",
      "logit_bias"),
     (dict(logprobs=6), 400, r"logprobs must be an integer in \[0, 6\), got 6", "logprobs"),
-    (dict(stop=["a", "b", "c", "d", "e"]), 400, "at most 4", "stop"),
+    (dict(stop=["s"] * 65), 400, "stop: at most 64 stop strings, got 65", "stop"),
+    (dict(stop=[""]), 400, "stop 0 must be 1 to 64 bytes of UTF-8, got 0", "stop"),
+    (dict(stop=5), 400, "stop must be a string or a list of strings, got 5", "stop"),
     (dict(n=0), 400, r"n must be an integer in \[1, 2\*\*31\), got 0", "n"),
     (dict(n=17), 400, "at most 16", "n"),
     (dict(seed=-1), 400, r"seed must be an integer in \[0, 2\*\*63\), got -1", "seed"),
@@ -588,10 +539,9 @@ def test_public_metrics_and_docs_are_asked_for(tiny):
     """The app alone (no server process): with `public_metrics` /metrics answers without the
     key, the other routes still need it; with `docs` FastAPI's pages are served."""
     from starlette.testclient import TestClient
-    from tfgpt2.sample import choose
     from tfgpt2.serve.app import create_app
     from tfgpt2.serve.scheduler import Scheduler
-    scheduler = Scheduler(tiny, choose, max_batch=1, max_queue=0, eot=ENCODER.eot_token)
+    scheduler = Scheduler(tiny, max_batch=1, max_queue=0, eot=ENCODER.eot_token)
     app = create_app(scheduler, model_name="tiny", encoder=ENCODER, hparams=tiny.hparams, api_key=KEY,
                      public_metrics=True, docs=True)
     http = TestClient(app)  # no lifespan: the engine thread does not start

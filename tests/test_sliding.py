@@ -9,7 +9,9 @@ import tensorflow as tf
 
 from tests.helpers import prompts_for, reference_logits
 from tfgpt2.decoding.generator import generator_for
-from tfgpt2.sample import _uniform, choose, generate, sample_sequence
+from tfgpt2.decoding.sampler import _uniform
+from tfgpt2.sample import generate, sample_sequence
+from tfgpt2.seeds import seed_of
 
 PROMPTS = prompts_for(5, [3, 7, 5])
 N_CTX = 64
@@ -18,12 +20,13 @@ LENGTH = 110  # three segments at the default context_keep of 32: 58, 33, then 1
 
 
 def drawn(logits, temperature, seed, step, row, batch):
-    """Sampling by inverse CDF with new token number `step`'s uniforms (the library's stream)."""
+    """Sampling by inverse CDF with new token number `step`'s uniform from the row's stream (the
+    library's: row r of a call seeded s draws as the row alone seeded s + r, `seeds.seed_of`)."""
     if not temperature:
         return int(np.argmax(logits))
     weights = np.exp((logits - logits.max()) / np.float32(temperature))
     cdf = np.cumsum(weights)
-    u = _uniform(batch, tf.constant([seed, step], tf.int64)).numpy()[row] * cdf[-1]
+    u = _uniform(1, tf.constant([[seed_of(seed, row), step]], tf.int64)).numpy()[0] * cdf[-1]
     return min(int(np.sum(cdf <= u)), len(logits) - 1)
 
 
@@ -102,7 +105,7 @@ def test_a_stop_sequence_across_a_slide_ends_the_row_and_traces_are_bounded(tiny
     chunks = list(generate(tiny, PROMPTS, LENGTH, temperature=0, stop=[stop], chunk=16, stream=True))
     for row, (p, r) in enumerate(zip(PROMPTS, rows)):
         assert np.concatenate([c[row] for c in chunks]).tolist() == r[len(p):].tolist(), f"row {row}"
-    generator = generator_for(tiny, choose)
+    generator = generator_for(tiny)
     traces = generator.traces
     generate(tiny, PROMPTS, LENGTH + 40, temperature=0, stop=[stop])  # four segments, the last of 26
     sample_sequence(model=tiny, context=PROMPTS, length=LENGTH + 17, temperature=0)

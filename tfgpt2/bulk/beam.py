@@ -20,18 +20,18 @@ from apache_beam.ml.inference.base import RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from . import handlers
-from ..decoding.request import batch_seed
+from ..seeds import seed_of
 from .lines import line_keywords, plan_batches, read_prompts
 
 
 def requests(batches, enc, seed, batch_size):
     """The requests of `handlers` for each batch of `lines.plan_batches`, a list per batch:
-    batch b samples with seed + b (`batch_seed`) and has batch_size rows, unless it is one line
+    batch b of n rows samples with seed + b * n (`seeds.seed_of`) and has batch_size rows, unless it is one line
     with its own seed (then it is generated alone)."""
     for b, rows in enumerate(batches):
         size = 1 if len(rows) == 1 and "seed" in dict(rows[0][3]) else batch_size
-        yield [dict(line=n, prompt=prompt, tokens=tokens, batch=b, row=i, rows=size, seed=batch_seed(seed, b),
-                    options=line_keywords(fields, enc)) for i, (n, prompt, tokens, fields) in enumerate(rows)]
+        yield [dict(line=n, prompt=prompt, tokens=tokens, batch=b, row=i, rows=size, seed=seed_of(seed, b * batch_size),
+                    options=line_keywords(fields)) for i, (n, prompt, tokens, fields) in enumerate(rows)]
 
 
 def earlier_run(output):

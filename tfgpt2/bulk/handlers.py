@@ -109,22 +109,26 @@ class FolderModel:
         self.keywords, self.length = keywords, length
 
     def rows(self, requests):
-        from ..sample import generate
+        from ..decoding.request import check_request
+        from ..sample import complete
+        hp = self.model.hparams
         for group, prompts in batches(requests):
-            out = generate(self.model, prompts, self.length, **keywords_of(self.keywords, group[0]))
+            request = check_request(n_vocab=hp.n_vocab, n_ctx=hp.n_ctx, length=self.length,
+                                    **keywords_of(self.keywords, group[0]))
+            out = complete(self.model, prompts, request, encoder=self.enc)
             for request in group:
-                ids = out[request["row"]][len(request["tokens"]):].tolist()
-                yield dict(line=request["line"], prompt=request["prompt"], text=self.enc.decode(ids), tokens=ids)
+                row = out[request["row"]]
+                yield dict(line=request["line"], prompt=request["prompt"], text=row.text,
+                           tokens=row.new_tokens.tolist())
 
 
 class GPT2SavedModelHandler(_Handler):
     """RunInference over a SavedModel of `tfgpt2 export` (the version folder, local or on any
     filesystem Beam reads), loaded once per worker process with `tf.saved_model.load` and run
-    by its `generate_with_controls` signature, which checks every value as `tfgpt2.generate`
-    does. `encoding`: the tiktoken Encoding that decodes the rows' text; `n_vocab`, `eot`: the
-    model's. A row stops after `eot` where its keywords ask (stop_at_eot): export without
-    --stop_at_eot, or every row stops there. Workers need TensorFlow, tiktoken and Apache Beam,
-    not tfgpt2; a keyword context_keep is refused (the SavedModel does not slide)."""
+    by its `generate_text` signature, which checks every value as `tfgpt2.generate` does and
+    gives the text as every door does. `encoding`: the tiktoken Encoding of the vocabulary;
+    `n_vocab`, `eot`: the model's. Workers need TensorFlow, tiktoken and Apache Beam, not
+    tfgpt2; a keyword context_keep is refused (the SavedModel does not slide)."""
 
     def __init__(self, saved_model, encoding, keywords, *, length, batch_size, n_vocab, eot=50256,
                  large_model=False):
@@ -144,21 +148,19 @@ class SignatureModel:
     def __init__(self, folder, encoding, keywords, length, n_vocab, eot):
         import tensorflow as tf
         self.loaded = tf.saved_model.load(folder)  # kept: the signature holds its variables weakly
-        self.generate = self.loaded.signatures["generate_with_controls"]
+        self.generate = self.loaded.signatures["generate_text"]
         self.encoding, self.keywords, self.length, self.n_vocab, self.eot = encoding, keywords, length, n_vocab, eot
 
     def rows(self, requests):
         for group, prompts in batches(requests):
             keywords = keywords_of(self.keywords, group[0])
             out = self.generate(**self.inputs(prompts, keywords))
-            output_ids, lengths = out["output_ids"].numpy(), out["lengths"].numpy()
+            output_ids, lengths, texts = out["output_ids"].numpy(), out["lengths"].numpy(), out["text"].numpy()
             width = max(len(p) for p in prompts)
             for request in group:
                 ids = output_ids[request["row"], width:width + lengths[request["row"]]].tolist()
-                if keywords.get("stop_at_eot") and self.eot in ids:
-                    ids = ids[:ids.index(self.eot) + 1]
                 yield dict(line=request["line"], prompt=request["prompt"], tokens=ids,
-                           text=self.encoding.decode(ids, errors="replace"))
+                           text=texts[request["row"]].decode("utf-8", errors="replace"))
 
     def inputs(self, prompts, keywords):
         """The signature's inputs for the prompts (left-padded, with their mask) and keywords."""
@@ -170,17 +172,21 @@ class SignatureModel:
         bias = np.zeros([self.n_vocab], np.float32)
         for token, value in (keywords.get("logit_bias") or {}).items():
             bias[token] = value
-        stops = keywords.get("stop") or []
-        stop = np.full([len(stops), max(map(len, stops), default=1)], -1, np.int32)
-        for row, sequence in enumerate(stops):
+        sequences = [[s] if isinstance(s, int) else s for s in keywords.get("stop_token_ids") or []]
+        stop = np.full([len(sequences), max(map(len, sequences), default=1)], -1, np.int32)
+        for row, sequence in enumerate(sequences):
             stop[row, :len(sequence)] = sequence
+        texts = keywords.get("stop") or []
+        texts = [texts] if isinstance(texts, str) else list(texts)
         scalars = dict(max_new_tokens=(self.length, tf.int32), temperature=(keywords["temperature"], tf.float32),
                        top_k=(keywords["top_k"], tf.int32), top_p=(keywords["top_p"], tf.float32),
                        seed=(keywords["seed"], tf.int64),
                        repetition_penalty=(keywords.get("repetition_penalty", 1.0), tf.float32),
                        presence_penalty=(keywords.get("presence_penalty", 0.0), tf.float32),
                        frequency_penalty=(keywords.get("frequency_penalty", 0.0), tf.float32),
-                       min_p=(keywords.get("min_p", 0.0), tf.float32))
+                       min_p=(keywords.get("min_p", 0.0), tf.float32), min_tokens=(keywords.get("min_tokens", 0), tf.int32),
+                       stop_at_eot=(keywords.get("stop_at_eot", False), tf.bool),
+                       include_stop_str_in_output=(keywords.get("include_stop_str_in_output", False), tf.bool))
         return dict({name: tf.constant(value, dtype) for name, (value, dtype) in scalars.items()},
                     input_ids=tf.constant(ids), attention_mask=tf.constant(mask), logit_bias=tf.constant(bias),
-                    stop=tf.constant(stop))
+                    stop=tf.constant(stop), stop_strings=tf.constant(texts, tf.string, shape=[len(texts)]))

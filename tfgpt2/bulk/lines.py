@@ -6,9 +6,9 @@ checked by the request rules (`decoding.request`) as the flags and the library a
 
 Batches: prompts are grouped by the generator's length bucket (`decoding.buckets.bucket` of
 their token count) and their controls, and cut, in line order, into batches of `batch_size`;
-a line with its own "seed" is a batch alone. Batch b of the plan (counted from 0, in the
-order of the controls, then smallest bucket first) samples with seed + b (wrapped into the
-seed's range: `decoding.request.batch_seed`). The plan depends
+a line with its own "seed" is a batch alone. Row r of batch b of the plan (counted from 0, in
+the order of the controls, then smallest bucket first) samples with seed + b * batch_size + r
+(`seeds.seed_of`). The plan depends
 only on the input and `batch_size`, so a rerun, a resumed run and any number of workers give
 each line the same text.
 """
@@ -16,41 +16,41 @@ import io
 import json
 
 from ..decoding.buckets import bucket
-from ..decoding.request import check_sampling, check_window
+from ..decoding.request import check_request, check_window, json_logit_bias, json_stop
 
 FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "presence_penalty",
-          "frequency_penalty", "logit_bias", "stop", "stop_at_eot")  # what a line may set over the flags
+          "frequency_penalty", "logit_bias", "stop", "stop_token_ids", "stop_at_eot", "min_tokens",
+          "include_stop_str_in_output")  # what a line may set over the flags
 LINE_NAMES = {field: f"field {field!r}" for field in FIELDS} | {"prompts": "prompt", "length": "--length"}
 """The request's fields as the messages name them (the request rules', `decoding.request`)."""
 
 
 def line_controls(row):
     """The sampling fields of an input line (`FIELDS`) as sorted (field, value) pairs: lines with
-    equal pairs may share a batch. Raises ValueError for a field of the wrong JSON type ("stop"
-    a list of texts, "logit_bias" an object with token ids as keys); their values are the
-    request rules' to check (`problem`)."""
+    equal pairs may share a batch. Raises ValueError for a field of the wrong JSON shape ("stop"
+    a text or a list of texts, "logit_bias" an object with token ids as keys: the readers the
+    server's protocol reads its fields with, `decoding.request.json_stop`, `json_logit_bias`);
+    their values are the request rules' to check (`problem`)."""
     fields = []
     for name in sorted(set(row) & set(FIELDS)):
         value = row[name]
-        if name == "stop" and not (isinstance(value, list) and all(isinstance(t, str) and t for t in value)):
-            raise ValueError(f"field 'stop' must be a list of non-empty strings, got {json.dumps(value)}")
+        if name == "stop":
+            value = json_stop(value, LINE_NAMES[name])
+            value = (value,) if isinstance(value, str) else tuple(value or ())
         if name == "logit_bias":
-            if not isinstance(value, dict) or not all(k.isdigit() for k in value):
-                raise ValueError("field 'logit_bias' must be an object of token ids (strings of digits) to numbers, "
-                                 f"got {json.dumps(value)}")
-            value = tuple(sorted((int(k), x) for k, x in value.items()))
-        fields.append((name, tuple(value) if name == "stop" else value))
+            value = tuple(sorted((json_logit_bias(value, LINE_NAMES[name]) or {}).items()))
+        if name == "stop_token_ids" and isinstance(value, list):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        fields.append((name, value))
     return tuple(fields)
 
 
-def line_keywords(fields, enc):
-    """A line's controls (`line_controls`) as `tfgpt2.generate`'s keywords (logit_bias a dict,
-    stop as token lists), to put over the command's."""
+def line_keywords(fields):
+    """A line's controls (`line_controls`) as the request's fields (logit_bias a dict), to put
+    over the command's."""
     keywords = dict(fields)
     if "logit_bias" in keywords:
         keywords["logit_bias"] = dict(keywords["logit_bias"])
-    if "stop" in keywords:
-        keywords["stop"] = [enc.encode(text) for text in keywords["stop"]]
     return keywords
 
 
@@ -89,7 +89,7 @@ def problem(row, tokens, enc, *, n_ctx, length, n_vocab, context_keep):
     try:
         check_window(len(tokens), length, n_ctx, context_keep=context_keep, names=LINE_NAMES)
         fields = line_controls(row)
-        check_sampling(n_vocab, names=LINE_NAMES, **line_keywords(fields, enc))
+        check_request(n_vocab=n_vocab, n_ctx=n_ctx, names=LINE_NAMES, length=length, **line_keywords(fields))
     except ValueError as e:
         return str(e), None
     return None, fields

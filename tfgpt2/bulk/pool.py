@@ -14,9 +14,10 @@ import os
 import subprocess
 import time
 
+from ..decoding.request import check_request
 from ..formats.files import replacing
-from ..sample import generate
-from ..decoding.request import batch_seed
+from ..sample import complete
+from ..seeds import seed_of
 from .lines import line_keywords
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines
@@ -103,8 +104,8 @@ def append(path, rows):
 
 def generate_batches(args, model, enc, length, batches, done, keywords, note, worker=0, workers=1, parent=None):
     """Generate and append to args.output the batches of this worker that have lines not yet
-    done; `keywords`: the command's flags, as `tfgpt2.generate` takes them (each line's own
-    over them); `note` shows progress. A worker of several (`parent`: the process that started it) stops once
+    done; `keywords`: the command's flags, as the request's fields (`decoding.request`; each
+    line's own over them); `note` shows progress. A worker of several (`parent`: the process that started it) stops once
     that process is gone. Returns the number of rows written."""
     todo = [(b, rows) for b, rows in enumerate(batches) if b % workers == worker
             and any(n not in done for n, _, _, _ in rows)]
@@ -120,12 +121,15 @@ def generate_batches(args, model, enc, length, batches, done, keywords, note, wo
         context = [t for _, _, t, _ in rows]
         if len(rows) > 1 or "seed" not in dict(rows[0][3]):  # one compiled shape per bucket
             context += [context[0]] * (args.batch_size - len(context))
-        out = generate(model, context, length,
-                       **{**keywords, "seed": batch_seed(args.seed, b), **line_keywords(rows[0][3], enc)})
-        new = [(n, prompt, out[i][len(t):].tolist()) for i, (n, prompt, t, _) in enumerate(rows) if n not in done]
-        append(args.output, [dict(line=n, prompt=prompt, text=enc.decode(ids), tokens=ids) for n, prompt, ids in new])
+        hp = model.hparams
+        request = check_request(n_vocab=hp.n_vocab, n_ctx=hp.n_ctx, length=length, **{
+            **keywords, "seed": seed_of(args.seed, b * args.batch_size), **line_keywords(rows[0][3])})
+        out = complete(model, context, request, encoder=enc)
+        new = [(n, prompt, out[i]) for i, (n, prompt, _, _) in enumerate(rows) if n not in done]
+        append(args.output, [dict(line=n, prompt=prompt, text=c.text, tokens=c.new_tokens.tolist())
+                             for n, prompt, c in new])
         prompts += len(new)
-        tokens += sum(len(ids) for _, _, ids in new)
+        tokens += sum(c.count for _, _, c in new)
         now = time.monotonic()
         if now - last >= PROGRESS_EVERY or prompts == total:
             last = now

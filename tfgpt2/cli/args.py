@@ -2,6 +2,8 @@
 import argparse
 import math
 
+from ..ranges import Range
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage error on one line (naming the flag and the value) instead of
@@ -13,19 +15,14 @@ class Parser(argparse.ArgumentParser):
 
 def ranged(kind, low, high=None, *, above=False):
     """An argparse type: a finite `kind` (int or float) from `low` (or, `above`, more than it)
-    to `high` (no limit if None)."""
-    def convert(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value) or value < low or (above and value == low)
-                or (high is not None and value > high)):
-            what = "an integer" if kind is int else "a number"
-            bounds = f"{'>' if above else '>='} {low}" if high is None else f"from {low} to {high}"
-            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text!r}")
-        return value
-    return convert
+    to `high` (no limit if None), checked by the one range rule (`ranges.Range`)."""
+    return checked_range(Range(kind, low, math.inf if high is None else high,
+                               ("(" if above else "[") + ("]" if high is not None or kind is int else ")")))
+
+
+def checked_range(value_range):
+    """An argparse type: a number of `value_range` (`ranges.Range`), read from the flag's text."""
+    return checked(lambda text: value_range.check(text, text=True))
 
 
 def token_value(text):

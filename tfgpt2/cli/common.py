@@ -2,7 +2,6 @@
 notices of TensorFlow and Beam kept off the terminal (`Notices`), the model flags (`add_model_flags`, `model_dir`), and the sample scripts' flags, loading, sampling
 one batch, printing a sample, and ending without a traceback."""
 import argparse
-import codecs
 import inspect
 import os
 import signal
@@ -135,22 +134,24 @@ def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsample
                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(p)
     p.add_argument("--seed", type=int,
-                   help="fix it to reproduce the samples (default: random); they depend on --batch_size "
-                        "too, so keep it the same")
+                   help="fix it to reproduce the samples (default: random): sample k uses seed + k, whatever "
+                        "--batch_size")
     if nsamples is not None:
         p.add_argument("--nsamples", type=ranged(int, nsamples_min), default=nsamples, help=nsamples_help)
     p.add_argument("--batch_size", type=ranged(int, 1), default=1,
-                   help="samples generated at once: more is faster per sample and takes more memory; "
-                        "with --seed another batch size gives other samples (default 1)")
+                   help="samples generated at once: more is faster per sample and takes more memory (default 1)")
     p.add_argument("--length", type=int, help=length_help)
-    from ..decoding.request import RANGES, check_sampling
-    library = inspect.signature(check_sampling).parameters
+    from ..decoding.request import RANGES, check_request
+    library = inspect.signature(check_request).parameters
     for field, text in SAMPLING_HELP.items():
         p.add_argument("--" + field, type=RANGES[field].kind, default=library[field].default, help=text)
     p.add_argument("--logit_bias", type=token_value, action="append", metavar="TOKEN_ID=VALUE",
                    help="add VALUE to the token's logit; -100 or -inf bans it (repeat the flag for more tokens)")
     p.add_argument("--stop", action="append", metavar="TEXT",
-                   help="end a sample where it generates TEXT's tokens, leaving them out (repeat the flag for more)")
+                   help="end a sample before the first TEXT in it, wherever token boundaries fall (as the server's "
+                        "stop); repeat the flag for more")
+    p.add_argument("--min_tokens", type=int, default=0, metavar="TOKENS",
+                   help="end-of-text (--stop_at_eot) and --stop wait for this many new tokens (default 0)")
     p.add_argument("--context_keep", type=int, metavar="TOKENS",
                    help="let --length go past the model's window: when it is full, go on from the last TOKENS "
                         "tokens (below n_ctx; n_ctx // 2 is usual). Default: refuse such a --length")
@@ -164,119 +165,103 @@ def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsample
 
 FLAGS = {field: "--" + field for field in (
     "length", "context_keep", "temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "logit_bias", "stop")} | {"prompts": "--prompt"}
+    "presence_penalty", "frequency_penalty", "logit_bias", "stop", "min_tokens", "stop_at_eot")} | {"prompts": "--prompt"}
 """The request's fields as the flags name them, for the request rules' messages (`decoding.request`)."""
 
 
 def load(args, default_length):
-    """The model, its encoder and the number of tokens to generate (`default_length(n_ctx)`
-    without --length). Exits with a message for a bad flag (`check_flags`) or an unusable folder."""
+    """The model, its encoder and the request of the flags (`check_flags`; the length
+    `default_length(n_ctx)` without --length). Exits with a message for a bad flag or an
+    unusable folder."""
     try:
         folder = model_dir(args)
         hparams = load_hparams(folder)
         enc = encoder_of(folder)
-        check_flags(args, enc, hparams.n_vocab, hparams.n_ctx)
+        request = check_flags(args, hparams.n_vocab, hparams.n_ctx, default_length(hparams.n_ctx))
         from ..formats.checkpoint import load_model
         model = load_model(folder, dtype=args.dtype, tf32=args.tf32)
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
-    return model, enc, default_length(hparams.n_ctx) if args.length is None else args.length
+    return model, enc, request
 
 
 def load_litert(args, default_length):
     """`load` for a LiteRT file (--litert): the file, the shipped encoder (or --model_dir's) and
-    the number of tokens to generate."""
+    the request of the flags."""
     try:
         from ..formats.litert import LiteRTModel
         model = LiteRTModel(args.litert)
         enc = encoder_of(args.model_dir or model_path(args.model_name, args.models_dir))
-        check_flags(args, enc, model.n_vocab, model.n_ctx)
+        request = check_flags(args, model.n_vocab, model.n_ctx, default_length(model.n_ctx))
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
-    return model, enc, default_length(model.n_ctx) if args.length is None else args.length
+    return model, enc, request
 
 
-def check_flags(args, enc, n_vocab, n_ctx, *, window=True):
-    """The generation flags checked by the request rules (`decoding.request`), before a model is
-    loaded: ValueError naming the first bad flag. With `window`, the original scripts' rule too
-    (exiting with their message): without --context_keep, --length is at most n_ctx."""
-    from ..decoding.request import check_sampling, check_value, check_window, fits
+def check_flags(args, n_vocab, n_ctx, length, *, window=True):
+    """The request of the generation flags (`decoding.request.check_request`, before a model
+    is loaded), `length` new tokens where --length is not given: ValueError naming the first
+    bad flag. With `window`, the original scripts' rule too (exiting with their message):
+    without --context_keep, --length is at most n_ctx."""
+    from ..decoding.request import check_request, fits
     if window and args.context_keep is None and args.length is not None and not fits(1, args.length, n_ctx):
         sys.exit(f"Can't get samples longer than window size: {n_ctx}")
-    if args.length is not None:
-        check_value("length", args.length, FLAGS["length"])
-    if args.context_keep is not None:
-        check_window(1, 1, n_ctx, context_keep=args.context_keep, names=FLAGS)
-    if "" in (args.stop or []):
-        raise ValueError("--stop: the text is empty")
-    check_sampling(n_vocab, names=FLAGS, **sampling(args, enc))
+    return check_request(n_vocab=n_vocab, n_ctx=n_ctx, names=FLAGS,
+                         length=length if args.length is None else args.length, **fields(args))
 
 
-def sampling(args, enc):
-    """The sampling flags as `tfgpt2.generate`'s keywords (--stop's texts encoded)."""
+def fields(args):
+    """The sampling flags as the request's fields (`decoding.request.check_request`)."""
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                 stop_at_eot=args.stop_at_eot, logit_bias=dict(args.logit_bias or []),
                 repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                frequency_penalty=args.frequency_penalty, min_p=args.min_p,
-                stop=[enc.encode(text) for text in args.stop or []])
+                frequency_penalty=args.frequency_penalty, min_p=args.min_p, stop=args.stop or [],
+                min_tokens=args.min_tokens, context_keep=args.context_keep)
 
 
-LITERT = ("temperature", "top_k", "top_p", "seed", "stop_at_eot")  # what --litert samples with
-
-
-def print_batch(model, enc, args, length, context, batch, first, count):
-    """Generate a batch of samples after `context` (token ids) and print the first `count`,
-    numbered from `first`, by the model or a LiteRT file's (`formats.litert.LiteRTModel`): the
-    first one as it is generated (flushed every few tokens, a
-    character split across tokens printed once whole), the others once the batch is done.
-    With --seed, batch number `batch` of the run uses `batch_seed`: batches differ, runs repeat.
-    Exits with a line saying so where the batch does not fit in memory."""
+def print_batch(model, enc, args, request, context, batch, first, count):
+    """Generate a batch of samples after `context` (token ids) with `request` and print the
+    first `count`, numbered from `first`, by the model or a LiteRT file's
+    (`formats.litert.LiteRTModel`): the first one as it is generated (a character split across
+    tokens printed once whole, nothing a --stop may still claim), the others once the batch is
+    done. Sample k of the run (batch `batch` holds samples batch * --batch_size on) uses seed +
+    k (`seeds.seed_of`): samples differ, runs repeat, whatever --batch_size. Exits with a line
+    saying so where the batch does not fit in memory."""
     import tensorflow as tf
     try:
-        _print_batch(model, enc, args, length, context, batch, first, count)
+        _print_batch(model, enc, args, request, context, batch, first, count)
     except (tf.errors.ResourceExhaustedError, MemoryError):
-        sys.exit(f"error: out of memory generating --batch_size {args.batch_size} samples of {length} tokens "
-                 "at once: use a smaller --batch_size")
+        sys.exit(f"error: out of memory generating --batch_size {args.batch_size} samples of {request.length} "
+                 "tokens at once: use a smaller --batch_size")
 
 
-def _print_batch(model, enc, args, length, context, batch, first, count):
-    from ..decoding.request import batch_seed
-    from ..formats.litert import LiteRTModel, generate_litert
-    from ..sample import sample_sequence
-    rows = [[] for _ in range(args.batch_size)]
-    with Progress(args.quiet).bar(length, unit="token", position=1) as bar:
-        keywords = dict(sampling(args, enc), seed=None if args.seed is None else batch_seed(args.seed, batch))
+def _print_batch(model, enc, args, request, context, batch, first, count):
+    import dataclasses
+    from ..formats.litert import LiteRTModel, complete_litert
+    from ..sample import complete
+    from ..seeds import seed_of
+    rows = [""] * args.batch_size
+    request = dataclasses.replace(request, seed=seed_of(request.seed, batch * args.batch_size))
+    with Progress(args.quiet).bar(request.length, unit="token", position=1) as bar:
         told = None if bar.disable else lambda n: bar.update(n - bar.n)
-        if isinstance(model, LiteRTModel):  # a LiteRT file: whole rows, no controls
-            out = generate_litert(model, [context] * args.batch_size, length, progress=told,
-                                  **{k: keywords[k] for k in LITERT})
-            pieces = [[row[len(context):] for row in out]]
+        prompts = [context] * args.batch_size
+        if isinstance(model, LiteRTModel):  # a LiteRT file: whole rows
+            pieces = [[c.text for c in complete_litert(model, prompts, request, encoder=enc, progress=told)]]
         else:
-            pieces = sample_sequence(model=model, length=length, context=[context] * args.batch_size,
-                                     stream=True, chunk=STREAM_EVERY, progress=told,
-                                     context_keep=args.context_keep, **keywords)
+            pieces = complete(model, prompts, request, encoder=enc, stream=True, chunk=STREAM_EVERY, progress=told)
 
         def first_row():  # each piece's first row, all rows kept on the way
             for piece in pieces:
-                for row, new in zip(rows, piece):
-                    row.extend(new.tolist())
+                for row, text in enumerate(piece):
+                    rows[row] += text
                 yield piece[0]
-        row = texts(enc, first_row())
-        write(banner(first) + "\n" + next(row))  # the banner once the batch has started
-        for text in row:
+        texts = first_row()
+        write(banner(first) + "\n" + next(texts, ""))  # the banner once the batch has started
+        for text in texts:
             write(text)
         write("\n")
-    for n, row in enumerate(rows[1:count], first + 1):
-        show(n, enc.decode(row))
-
-
-def texts(enc, pieces):
-    """The text of each piece of a row's tokens, in order; a character whose bytes two pieces
-    share comes whole with the later one. Joined, the text of the whole row."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors=enc.errors)
-    for piece in pieces:
-        yield decoder.decode(enc.encoding.decode_bytes(list(piece)))
-    yield decoder.decode(b"", final=True)
+    for n, text in enumerate(rows[1:count], first + 1):
+        show(n, text)
 
 
 STREAM_EVERY = 8  # tokens between the prints of a sample as it is generated

@@ -15,7 +15,8 @@ difference: the original adds batch_size to its count for every sample, so with
 samples are numbered 1, 2, 3, ... and there are exactly --nsamples of them.
 
 --litert FILE generates with a LiteRT file of `tfgpt2 export --format litert` on
-ai_edge_litert, one prompt at a time (the file runs at batch 1), with the same sampling.
+ai_edge_litert, one prompt at a time (the file runs at batch 1), with the same sampling and
+controls (not --context_keep: the file's cache holds n_ctx positions).
 
 The original's spelling works too, with the same flags:
     python -m tfgpt2.generate_unconditional_samples --model_name 124M --nsamples 2 --top_k 40
@@ -43,23 +44,21 @@ def main(argv=None, prog="tfgpt2 generate"):
         p.error("argument --prompt: the prompt is empty; leave --prompt out for samples from nothing")
     if args.litert and args.dtype != "float32":
         p.error("--dtype does not apply to --litert (the file's weights are as exported)")
-    if args.litert and (args.logit_bias or args.stop or args.min_p or args.presence_penalty
-                        or args.frequency_penalty or args.repetition_penalty != 1 or args.context_keep):
-        p.error("--litert samples with --temperature, --top_k and --top_p only (not --logit_bias, --stop, "
-                "--min_p, the penalties or --context_keep)")
-    model, enc, length = (load_litert if args.litert else load)(
+    if args.litert and args.context_keep:
+        p.error("--context_keep does not apply to --litert (the file's cache holds n_ctx positions)")
+    model, enc, request = (load_litert if args.litert else load)(
         args, lambda n_ctx: n_ctx if args.prompt is None else n_ctx // 2)
     context = [enc.eot_token] if args.prompt is None else enc.encode(args.prompt)
     n_ctx = model.n_ctx if args.litert else model.hparams.n_ctx
     try:
-        check_window(len(context), length, n_ctx, context_keep=args.context_keep, names=FLAGS)
+        check_window(len(context), request.length, n_ctx, context_keep=request.context_keep, names=FLAGS)
     except ValueError as e:
         sys.exit(f"error: {e}")
     generated, batch = 0, 0
     with progress(args, args.nsamples or None) as bar:
         while args.nsamples == 0 or generated < args.nsamples:
             count = min(args.batch_size, args.nsamples - generated) if args.nsamples else args.batch_size
-            print_batch(model, enc, args, length, context, batch, generated + 1, count)
+            print_batch(model, enc, args, request, context, batch, generated + 1, count)
             generated += count
             bar.update(count)
             batch += 1

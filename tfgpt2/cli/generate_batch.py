@@ -15,24 +15,25 @@ written as their batch finishes, not in input order: sort by "line" to restore i
 
 Batches: prompts are grouped by the generator's length bucket (`tfgpt2.decoding.buckets.bucket`
 of their token count) and cut, in line order, into batches of --batch_size; a bucket's short
-last batch is padded with copies of its first prompt, so XLA compiles once per bucket. Batch
-b of the plan (counted from 0, smallest bucket first) samples with seed --seed + b (wrapped into
-[0, 2**63), the seed's range). The plan depends only on the input and --batch_size, so a rerun,
-a resumed run and any --workers count
-give each line the same text. Greedy text (--temperature 0 or --top_k 1) is the text of the
-prompt generated alone; sampled text also depends on the prompt's place in its batch.
+last batch is padded with copies of its first prompt, so XLA compiles once per bucket. Row r
+of batch b of the plan (counted from 0, smallest bucket first) samples with seed --seed +
+b * --batch_size + r (wrapped into [0, 2**63), the seed's range: `tfgpt2.seeds`). The plan
+depends only on the input and --batch_size, so a rerun, a resumed run and any --workers count
+give each line the same text: the text of the prompt generated alone with its row's seed.
 
 Resuming: each batch is appended with one write, then flushed and fsynced. A rerun keeps one
 row per line number, drops a torn line (a crash mid-write) and generates only the missing
 lines; a batch partly written is generated again and only its missing rows are written.
 
 The generation controls (--min_p, --repetition_penalty, --presence_penalty,
---frequency_penalty, --logit_bias, --stop: docs/generation.md) apply to every line; a row
-that ends with a --stop text leaves it out of "text" and "tokens". A line may set its own,
-over the flags: "temperature", "top_k", "top_p", "min_p", "seed", "logit_bias" ({"id":
-value}), "repetition_penalty", "presence_penalty", "frequency_penalty", "stop" (a list of
-texts), "stop_at_eot". Only lines with the same such fields share a batch; a line with a
-"seed" is generated alone, so its text is `tfgpt2.generate`'s for that prompt and seed.
+--frequency_penalty, --logit_bias, --stop, --min_tokens: docs/generation.md) apply to every
+line; a --stop text ends a row's "text" before it, as the server's "stop" does ("tokens": the
+tokens wholly before it; an <|endoftext|> that ends a row is in neither). A line may set its
+own, over the flags: "temperature", "top_k", "top_p", "min_p", "seed", "logit_bias" ({"id":
+value}), "repetition_penalty", "presence_penalty", "frequency_penalty", "stop" (a text or a
+list of texts), "stop_token_ids", "stop_at_eot", "min_tokens", "include_stop_str_in_output".
+Only lines with the same such fields share a batch; a line with a "seed" is generated alone,
+so its text is `tfgpt2.generate`'s for that prompt and seed.
 
 Bad lines (not UTF-8, not a JSON object with a string "prompt", an empty prompt, a prompt
 whose tokens + --length - 1 exceed the context window, a field of a bad value) are each named
@@ -68,13 +69,12 @@ import shutil
 import sys
 import time
 
-import numpy as np
-
+from .. import seeds
 from ..bulk import lines, pool
 from ..formats.folders import model_path, vocabulary_source
 from ..hparams import load_hparams
 from .args import ranged
-from .common import (Notices, Progress, check_flags, encoder_of, end_at_once, load, model_dir, sampling,
+from .common import (Notices, Progress, check_flags, encoder_of, end_at_once, fields, load, model_dir,
                      sampling_parser)
 
 HPARAMS_AND_VOCABULARY = ["hparams.json", "encoder.json", "vocab.bpe"]  # what planning reads of a model folder
@@ -106,7 +106,7 @@ def arguments(argv, prog="tfgpt2 generate-batch"):
     if args.saved_model and args.tf32:
         p.error("--tf32 does not apply to --saved_model (a SavedModel keeps the tf32 it was exported with)")
     if args.seed is None:
-        args.seed = int(np.random.randint(2**31))  # one seed for the run, shared by its workers
+        args.seed = seeds.draw()  # one seed for the run, shared by its workers
     return args
 
 
@@ -138,16 +138,15 @@ def report_bad(args, bad, written_to=None):
     return f"{count}, each named above (--skip_bad skips such lines)"
 
 
-def checked_length(args, enc, n_ctx, n_vocab):
+def checked_length(args, n_ctx, n_vocab):
     """--length, or its default: half the model's window n_ctx, once the flags are checked by
     the request rules (`common.check_flags`: ValueError naming the first bad one)."""
-    check_flags(args, enc, n_vocab, n_ctx, window=False)
-    return n_ctx // 2 if args.length is None else args.length
+    return check_flags(args, n_vocab, n_ctx, n_ctx // 2, window=False).length
 
 
-def keywords(args, enc):
-    """The flags as `tfgpt2.generate`'s keywords (every line's, unless it sets its own)."""
-    return dict(sampling(args, enc), context_keep=args.context_keep)
+def keywords(args):
+    """The flags as the request's fields (every line's, unless it sets its own)."""
+    return fields(args)
 
 
 def worker_command():
@@ -174,7 +173,7 @@ def main(argv=None, model=None, prog="tfgpt2 generate-batch"):
         folder = model_dir(args)
         n_ctx, n_vocab = sizes(folder)
         enc = encoder_of(folder)
-        length = checked_length(args, enc, n_ctx, n_vocab)
+        length = checked_length(args, n_ctx, n_vocab)
         if os.path.isdir(args.output):
             raise ValueError(f"--output {args.output} is a folder: give the file to append the rows to, "
                              f"for example {os.path.join(args.output, 'rows.jsonl')}")
@@ -207,7 +206,7 @@ def run_batches(argv, args, model, enc, length, batches):
     if model is None:
         model = load(args, lambda n_ctx: n_ctx // 2)[0]
     parent = None if args.worker is None else os.getppid()
-    pool.generate_batches(args, model, enc, length, batches, done, keywords(args, enc), progress.note,
+    pool.generate_batches(args, model, enc, length, batches, done, keywords(args), progress.note,
                           args.worker or 0, args.workers, parent)
     return 0
 
@@ -238,8 +237,8 @@ def beam_files(args, options):
         raise ValueError(f"--output {args.output} is a folder: give the prefix of the files to write, "
                          f"for example {os.path.join(args.output, 'rows')}")
     path, enc, n_ctx, n_vocab = beam_model(args)
-    length = checked_length(args, enc, n_ctx, n_vocab)
-    settings = dict(keywords=keywords(args, enc), length=length, batch_size=args.batch_size)
+    length = checked_length(args, n_ctx, n_vocab)
+    settings = dict(keywords=keywords(args), length=length, batch_size=args.batch_size)
     handler = handlers.GPT2SavedModelHandler(path, enc.encoding, n_vocab=n_vocab, eot=enc.eot_token, **settings) \
         if args.saved_model else handlers.GPT2ModelHandler(path, dtype=args.dtype, tf32=args.tf32, **settings)
     if not any(option.startswith("--default_sdk_harness_log_level") for option in options):

@@ -9,8 +9,8 @@ without asking, and says "Prompt should not be empty!" on stderr. It ends at end
 (Ctrl-D) with status 0. Each prompt gets --nsamples samples (default 1; --batch_size must
 divide it) of --length tokens (default n_ctx // 2), then a line of 80 "=". A prompt too long
 for the model's window with --length more tokens gets an error naming its line, and no
-samples. With --seed, a run repeats exactly: batch b of the run, counted over all prompts,
-uses seed + b.
+samples. With --seed, a run repeats exactly: sample k of the run, counted over all prompts,
+uses seed + k (whatever --batch_size).
 
 The original's spelling works too, with the same flags:
     printf 'First prompt\nSecond prompt\n' | python -m tfgpt2.interactive_conditional_samples
@@ -48,19 +48,19 @@ def main(argv=None, prog="tfgpt2 interactive"):
     args = p.parse_args(argv)
     if args.nsamples % args.batch_size:
         p.error(f"--batch_size {args.batch_size} must divide --nsamples {args.nsamples}")
-    model, enc, length = load(args, lambda n_ctx: n_ctx // 2)
+    model, enc, request = load(args, lambda n_ctx: n_ctx // 2)
     n_ctx = model.hparams.n_ctx
     batch = 0
     for number, prompt in prompts():
         context = enc.encode(prompt)
         try:
-            check_window(len(context), length, n_ctx, context_keep=args.context_keep, names=PROMPT_NAMES)
+            check_window(len(context), request.length, n_ctx, context_keep=request.context_keep, names=PROMPT_NAMES)
         except ValueError as e:
             print(f"error: line {number}: {e}", file=sys.stderr)
             continue
         with progress(args, args.nsamples) as bar:
             for generated in range(0, args.nsamples, args.batch_size):
-                print_batch(model, enc, args, length, context, batch, generated + 1, args.batch_size)
+                print_batch(model, enc, args, request, context, batch, generated + 1, args.batch_size)
                 bar.update(args.batch_size)
                 batch += 1
         print("=" * 80, flush=True)

@@ -15,7 +15,8 @@ import json
 from ..formats.files import refuse_existing
 from ..formats.folders import model_path
 from ..hparams import ALIASES, PUBLISHED, default_hparams, published_hparams, published_name
-from .args import Parser, ranged
+from ..seeds import SEEDS
+from .args import Parser, checked_range, ranged
 from .common import Progress, add_quiet
 
 
@@ -26,7 +27,7 @@ def main(argv=None, prog="tfgpt2 make-checkpoint"):
     parser.add_argument("--models_dir", default="models")
     parser.add_argument("--hparams", help="JSON object overriding the hparams (n_vocab, n_ctx, n_embd, n_head, n_layer)")
     parser.add_argument("--std", type=ranged(float, 0), default=0.1, help="the weights' standard deviation (default 0.1)")
-    parser.add_argument("--seed", type=ranged(int, 0), default=0)
+    parser.add_argument("--seed", type=checked_range(SEEDS), default=0, help="the weights' seed (default 0)")
     parser.add_argument("--untied", action="store_true", help="add a separate output layer model/out_head")
     parser.add_argument("--overwrite", action="store_true", help="write into a folder that has files (replacing them)")
     add_quiet(parser)

@@ -1,24 +1,19 @@
-"""Generation controls past the original's temperature, top-k and top-p, applied inside the
-compiled loop: logit bias, repetition, presence and frequency penalties, min-p and stop
-sequences.
+"""Generation controls past the original's temperature, top-k and top-p, as the per-token step
+(`step`) applies them inside the compiled loop: logit bias, repetition, presence and frequency
+penalties, and stop token sequences.
 
-Controls are a dict of per-row tensors holding only the controls a request uses (a dict's
-keys are part of what `tf.function` traces, so a request without them runs the loop it ran
-before they existed, and their values never cause a compile):
+Controls are a dict of per-row tensors holding only the controls a request uses (`step` lists
+them all; a dict's keys are part of what `tf.function` traces, so a request without them runs
+the loop it ran before they existed, and their values never cause a compile). Those here:
 
 - "bias" float32 [batch, n_vocab], added to the logits; a value <= -100 bans the token.
 - "repetition" float32 [batch]: CTRL's penalty over the tokens of the prompt and so far.
 - "presence", "frequency" float32 [batch] (together): OpenAI's penalties over the counts of
   the tokens generated so far.
-- "min_p" float32 [batch]: applied by `sample.choose` (`min_p_logits`), after top-k and top-p.
-- "stop" int32 [batch, S, L], stop sequences right-aligned (`aligned_stops`): a row ends as
-  soon as its new tokens end with one, and the sequence is taken off the row.
-- "step" int32 scalar, "carried" int32 [batch]: set by `sample.generate` past the context
-  window, for a segment after the first: the count of new tokens before it (where the random
-  stream goes on) and, with "stop", how many of each row's prompt tokens are new tokens (so
-  that a stop sequence may begin in the segment before).
+- "stop_ids" int32 [batch, S, L], stop token sequences right-aligned (`aligned_stops`): a row
+  ends as soon as its new tokens end with one (`stop_length`).
 
-`assert_controls` holds their checks as graph ops, for the SavedModel; `request.check_sampling`
+`assert_controls` holds their checks as graph ops, for the SavedModel; `request.check_request`
 checks the same rules in Python.
 """
 import tensorflow as tf
@@ -42,10 +37,11 @@ def assert_controls(controls, n_vocab):
     for key in ("repetition", "presence", "frequency"):
         if key in controls:
             checks.append(in_range(f"{key}_penalty", controls[key]))
-    if "min_p" in controls:
-        checks.append(in_range("min_p", controls["min_p"]))
-    if "stop" in controls:
-        stop = controls["stop"]
+    for key in ("min_p", "min_tokens"):
+        if key in controls:
+            checks.append(in_range(key, controls[key]))
+    if "stop_ids" in controls:
+        stop = controls["stop_ids"]
         real = stop >= 0
         bad = tf.logical_not(in_vocabulary(stop, n_vocab) | (stop == -1))
         checks += [
@@ -105,7 +101,11 @@ def counted(state, token, running):
 
 def adjusted(logits, controls, state):
     """The float32 logits [batch, n_vocab] after the bias, then the repetition penalty, then
-    the presence and frequency penalties."""
+    the presence and frequency penalties; where the controls hold "adjusting" (a bool: whether
+    any row uses them, the server's slots), only then."""
+    if "adjusting" in controls:
+        rest = {k: v for k, v in controls.items() if k != "adjusting"}
+        return tf.cond(controls["adjusting"], lambda: adjusted(logits, rest, state), lambda: logits)
     if "bias" in controls:
         bias = controls["bias"]
         logits = logits + tf.where(bias <= BANNED, float("-inf"), bias)

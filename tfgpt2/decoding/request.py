@@ -1,69 +1,37 @@
-"""The rules of a generation request, each written once: which prompts, lengths and sampling
-values a request may have. Every entry point asks them: the library (`tfgpt2.generate`,
-`generate_litert`), the commands' flags, JSONL lines, HTTP requests, and the SavedModel's
-signatures (as graph ops: `assert_request`, `controls.assert_controls`).
+"""The rules of a generation request, each written once, and the request they make: `Request`,
+every control of a generation (as vLLM's `SamplingParams`), checked once when `check_request`
+makes it. Every door asks these rules and translates its own spelling into them: the library
+(`tfgpt2.generate`, `generate_litert`), the commands' flags, JSONL lines (`json_stop`,
+`json_logit_bias`, which the server's protocol reads its JSON with too), HTTP requests, and
+the SavedModel's signatures (as graph ops: `assert_request`, `controls.assert_controls`).
 
-An entry point turns what its user sent into Python values (text into token ids, a JSON
-object's keys into ints), then asks `check_request`, naming the fields as its users know them:
+    request = check_request(n_vocab=hp.n_vocab, n_ctx=hp.n_ctx, names={"length": "max_tokens"},
+                            length=16, temperature=0.7, top_k=40, stop=["\n"])
+    prompts = check_prompts(prompts, hp.n_vocab)
+    check_window(max(map(len, prompts)), request.length, hp.n_ctx, context_keep=request.context_keep)
 
-    request = check_request(prompts, length, n_vocab=hp.n_vocab, n_ctx=hp.n_ctx,
-                            names={"length": "max_tokens", "prompts": "prompt"}, temperature=0.7, top_k=40)
-    rows = tfgpt2.generate(model, request.prompts, request.length, context_keep=request.context_keep,
-                           **request.sampling)
-
-It returns a `Request` of checked values, or raises ValueError naming the first bad field as
-`names` spells it ("max_tokens must be an integer in [1, 2**31), got 0"): the message the
-entry point shows its user. Parts of a request can be checked on their own: `check_sampling`
-(all but the prompts and the length: a command's flags, before any prompt is read),
-`check_window` (the length against the prompts' lengths: `fits`), `check_value` (one number).
+`check_request` returns a `Request` of checked values, or raises ValueError naming the first
+bad field as `names` spells it ("max_tokens must be an integer in [1, 2**31), got 0"): the
+message the door shows its user. The prompts are checked on their own (`check_prompts`), and
+against the length (`check_window`: `fits`); `check_value` checks one number.
 """
 import dataclasses
 import math
 import numbers
-import reprlib
+import re
 
 import numpy as np
 import tensorflow as tf
 
+from .. import seeds
 from ..encoder import EOT_TOKEN
 from ..inputs import in_vocabulary
+from ..ranges import Range, shown  # noqa: F401  shown: how every door quotes a value
 
+MAX_STOPS = 64  # stop strings, and stop token sequences, per request (evaluation tasks send dozens)
+MAX_STOP_BYTES = 64  # the longest stop string, in UTF-8 bytes
+MAX_LOGPROBS = 5  # the most likely tokens a request may ask for at each step (OpenAI's limit for completions)
 BANNED = -100.0  # OpenAI's rule: a logit bias at or below it bans the token
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """Numbers of `kind` (int or float) from `low` to `high`: an int range holds both ends, a
-    float one the ends that `ends` brackets ("[]", "[)", "()"); a float range open at inf holds
-    finite numbers only. `holds` takes Python numbers, NumPy arrays and tensors alike (NaN never
-    holds)."""
-    kind: type
-    low: float
-    high: float
-    ends: str = "[]"
-
-    def holds(self, x):
-        if isinstance(x, tf.Tensor) and x.dtype.is_integer:
-            x = tf.cast(x, tf.int64)
-        above = x >= self.low if self.ends[0] == "[" else x > self.low
-        below = x <= self.high if self.ends[1] == "]" else x < self.high
-        return above & below
-
-    def __str__(self):
-        if self.kind is int:
-            return f"an integer in [{_number(self.low)}, {_number(self.high + 1)})"
-        if self.high == math.inf and self.low == -math.inf:
-            return "a number < inf"
-        if self.high == math.inf:
-            return f"a finite number {'>=' if self.ends[0] == '[' else '>'} {_number(self.low)}"
-        return f"a number in {self.ends[0]}{_number(self.low)}, {_number(self.high)}{self.ends[1]}"
-
-
-def _number(n):
-    """n as a range shows it: 2**31 for a power of two from 2**16, 0.5 for a float."""
-    if float(n).is_integer() and n >= 2**16 and int(n) & (int(n) - 1) == 0:
-        return f"2**{int(n).bit_length() - 1}"
-    return str(int(n)) if float(n).is_integer() else f"{n:g}"
 
 
 RANGES = {
@@ -72,11 +40,14 @@ RANGES = {
     "top_k": Range(int, 0, 2**31 - 1),
     "top_p": Range(float, 0, 1),
     "min_p": Range(float, 0, 1),
-    "seed": Range(int, 0, 2**63 - 1),  # the SavedModel's int64
+    "seed": seeds.SEEDS,
     "repetition_penalty": Range(float, 0, math.inf, "()"),  # 1 is off
     "presence_penalty": Range(float, 0, math.inf, "[)"),
     "frequency_penalty": Range(float, 0, math.inf, "[)"),
     "logit_bias": Range(float, -math.inf, math.inf, "[)"),  # each value; -inf or <= BANNED bans
+    "min_tokens": Range(int, 0, 2**31 - 1),
+    "logprobs": Range(int, 0, MAX_LOGPROBS),
+    "prompt_logprobs": Range(int, 0, MAX_LOGPROBS),
     "batch_size": Range(int, 1, 2**31 - 1),
     "chunk": Range(int, 1, 2**31 - 1),  # new tokens between a stream's pieces
 }
@@ -89,60 +60,78 @@ def fits(prompt_tokens, length, n_ctx):
     return prompt_tokens + length - 1 <= n_ctx
 
 
-def batch_seed(seed, batch):
-    """The seed of batch number `batch` of a run seeded `seed`: seed + batch, wrapped into the
-    seed's range (the commands' rule: batches differ, runs repeat)."""
-    return (seed + batch) % (RANGES["seed"].high + 1)
-
-
 def check_value(field, value, name=None, value_range=None):
     """`value` as the int or float that `RANGES[field]` (or `value_range`) holds; else
     ValueError naming it `name` (default: the field). Bools and strings are refused."""
-    value_range = value_range or RANGES[field]
-    ok = isinstance(value, numbers.Integral if value_range.kind is int else numbers.Real) and not isinstance(
-        value, (bool, np.bool_))
-    try:
-        ok = ok and bool(value_range.holds(value_range.kind(value)))
-    except OverflowError:  # a float beyond float64
-        ok = False
-    if not ok:
-        raise ValueError(f"{name or field} must be {value_range}, got {shown(value)}")
-    return value_range.kind(value)
-
-
-def shown(value, limit=40):
-    """`value` as an error message quotes it: a number as text, anything else as its repr, at
-    most about `limit` characters (a 4000-digit number, a long string or a list of a million
-    prompts is cut, not echoed whole)."""
-    if isinstance(value, numbers.Number):
-        text = str(value)
-        return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-(limit // 2):]}"
-    short = reprlib.Repr()
-    short.maxstring = short.maxother = short.maxlong = limit
-    short.maxlevel, short.maxlist, short.maxdict, short.maxtuple = 2, 4, 4, 4
-    return short.repr(value)
+    return (value_range or RANGES[field]).check(value, name or field)
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """A checked request: `prompts` 1-D int64 arrays, `length` new tokens, `context_keep` (None:
-    the request fits the window) and `sampling`, `tfgpt2.generate`'s other keywords."""
-    prompts: list
+    """Every control of one generation, checked (made by `check_request`; `dataclasses.replace`
+    makes a derived one, a row's seed): `length` new tokens at most (max_tokens) and at least
+    `min_tokens` before end-of-text or a stop may end them; the sampling values; `logit_bias`
+    ((token id, value) pairs); `stop` (texts: the text ends before the first one it contains,
+    which is left out unless `include_stop_str_in_output`) and `stop_token_ids` (token-id
+    sequences, each left out likewise); `stop_at_eot` (end at `eot`, vLLM's `not ignore_eos`);
+    `seed`; `logprobs` (each new token's log-probability and the that many most likely, None for
+    none) and `prompt_logprobs` (the prompt's); `context_keep` (None: prompt + length fits the
+    window; else go on past it from the last that many tokens)."""
     length: int
-    context_keep: int | None
-    sampling: dict
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple = ()
+    stop: tuple = ()
+    stop_token_ids: tuple = ()
+    include_stop_str_in_output: bool = False
+    stop_at_eot: bool = False
+    eot: int = EOT_TOKEN
+    min_tokens: int = 0
+    seed: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    context_keep: int | None = None
+
+    @property
+    def ignore_eos(self):
+        """vLLM's name: generate past end-of-text to the length."""
+        return not self.stop_at_eot
 
 
-def check_request(prompts, length, *, n_vocab, n_ctx, context_keep=None, names=None, **sampling):
-    """The whole request checked (`check_prompts`, `check_window`, `check_sampling`), or
-    ValueError naming the first bad field as `names` ({field: the user's name}) spells it.
-    `context_keep` None: prompt + length must fit the window n_ctx (`fits`); an int: a longer
-    length slides, going on from each row's last context_keep tokens."""
+def check_request(*, n_vocab, n_ctx, names=None, length, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, stop=None,
+                  stop_token_ids=None, include_stop_str_in_output=False, stop_at_eot=False, eot=EOT_TOKEN,
+                  min_tokens=0, seed=None, logprobs=None, prompt_logprobs=None, context_keep=None):
+    """The `Request` of these fields, each checked (a seed of None drawn here, `seeds.draw`), or
+    ValueError naming the first bad one as `names` ({field: the user's name}) spells it.
+    `logit_bias` {token id: value}; `stop` a text or a list of texts; `stop_token_ids` a list of
+    token ids (one-token stops) or token-id lists (sequences)."""
     names = names or {}
-    prompts = check_prompts(prompts, n_vocab, names.get("prompts", "prompt"))
-    length, context_keep = check_window(max(map(len, prompts)), length, n_ctx, context_keep=context_keep,
-                                        names=names)
-    return Request(prompts, length, context_keep, check_sampling(n_vocab, names=names, **sampling))
+    name = lambda field: names.get(field, field)  # noqa: E731
+    values = dict(length=length, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                  frequency_penalty=frequency_penalty, min_tokens=min_tokens,
+                  seed=seeds.draw() if seed is None else seed)
+    checked = {field: check_value(field, value, name(field)) for field, value in values.items()}
+    if checked["min_tokens"] > checked["length"]:
+        raise ValueError(f"{name('min_tokens')} must be at most {name('length')} ({checked['length']}), "
+                         f"got {checked['min_tokens']}")
+    for field, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        checked[field] = None if value is None else check_value(field, value, name(field))
+    if context_keep is not None:
+        checked["context_keep"] = check_value("context_keep", context_keep, name("context_keep"),
+                                              Range(int, 1, n_ctx - 1))
+    flags = dict(stop_at_eot=stop_at_eot, include_stop_str_in_output=include_stop_str_in_output)
+    return Request(**checked, **{field: _flag(value, name(field)) for field, value in flags.items()},
+                   logit_bias=_logit_bias(logit_bias, n_vocab, name("logit_bias")),
+                   stop=_stop_strings(stop, name("stop")),
+                   stop_token_ids=_stop_token_ids(stop_token_ids, n_vocab, name("stop_token_ids")),
+                   eot=_token_ids([eot], n_vocab, name("eot"))[0])
 
 
 def check_prompts(prompts, n_vocab, name="prompt"):
@@ -186,22 +175,10 @@ def check_window(longest, length, n_ctx, *, context_keep=None, names=None):
     return length, context_keep
 
 
-def check_sampling(n_vocab, *, names=None, temperature=1.0, top_k=0, top_p=1.0, seed=None, min_p=0.0,
-                   repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, stop=None,
-                   stop_at_eot=False, eot=EOT_TOKEN):
-    """The sampling fields checked, as `tfgpt2.generate` takes them: numbers in their `RANGES`,
-    `logit_bias` {token id: value}, `stop` a list of non-empty token lists, `stop_at_eot` a
-    bool, `eot` a token id; a seed of None drawn here. ValueError names the first bad one."""
-    names = names or {}
-    numbers_ = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                    frequency_penalty=frequency_penalty, seed=np.random.randint(2**31) if seed is None else seed)
-    checked = {field: check_value(field, value, names.get(field)) for field, value in numbers_.items()}
-    if not isinstance(stop_at_eot, (bool, np.bool_)):
-        raise ValueError(f"{names.get('stop_at_eot', 'stop_at_eot')} must be true or false, got {shown(stop_at_eot)}")
-    return dict(checked, logit_bias=_logit_bias(logit_bias, n_vocab, names.get("logit_bias", "logit_bias")),
-                stop=_stop(stop, n_vocab, names.get("stop", "stop")), stop_at_eot=bool(stop_at_eot),
-                eot=_token_ids([eot], n_vocab, names.get("eot", "eot"))[0])
+def _flag(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be true or false, got {shown(value)}")
+    return bool(value)
 
 
 def _token_ids(tokens, n_vocab, name):
@@ -216,30 +193,89 @@ def _token_ids(tokens, n_vocab, name):
 
 
 def _logit_bias(bias, n_vocab, name):
-    """{token id: value}; a value -inf or <= BANNED bans the token, and not every token may be banned."""
+    """((token id, value), ...) by id, of {token id: value}; a value -inf or <= BANNED bans the
+    token, and not every token may be banned."""
     if not bias:
-        return {}
+        return ()
     if not hasattr(bias, "items"):
         raise ValueError(f"{name} must be a mapping of token id to value, got {type(bias).__name__}")
     tokens = _token_ids(list(bias), n_vocab, f"{name} token")
     checked = dict(zip(tokens, (check_value("logit_bias", value, f"{name} value") for value in bias.values())))
     if len(checked) == n_vocab and max(checked.values()) <= BANNED:
         raise ValueError(f"{name} bans every token")
-    return checked
+    return tuple(sorted(checked.items()))
 
 
-def _stop(stop, n_vocab, name):
-    """A list of non-empty token lists."""
-    if not stop:
-        return []
+def _stop_strings(stop, name):
+    """The stop texts as a tuple: none, one text, or a list of at most MAX_STOPS non-empty ones,
+    each at most MAX_STOP_BYTES bytes of UTF-8."""
+    if stop is None or (not isinstance(stop, str) and hasattr(stop, "__len__") and not len(stop)):
+        return ()
+    texts = [stop] if isinstance(stop, str) else stop
+    if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"{name} must be a text or a list of texts, got {shown(stop)}")
+    if len(texts) > MAX_STOPS:
+        raise ValueError(f"{name}: at most {MAX_STOPS} stop strings, got {len(texts)}")
+    for n, text in enumerate(texts):
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"{name} {n} is not valid text (a lone surrogate): {text!r}") from None
+        if not 0 < size <= MAX_STOP_BYTES:
+            raise ValueError(f"{name} {n} must be 1 to {MAX_STOP_BYTES} bytes of UTF-8, got {size}: {text!r}")
+    return tuple(texts)
+
+
+def _stop_token_ids(stop, n_vocab, name):
+    """Token-id sequences as a tuple of tuples, of a list of token ids (one-token sequences, as
+    vLLM's stop_token_ids) or of token-id lists; at most MAX_STOPS."""
+    if stop is None or (hasattr(stop, "__len__") and not len(stop) and not isinstance(stop, (str, bytes))):
+        return ()
     if isinstance(stop, (str, bytes)) or not hasattr(stop, "__len__"):
-        raise ValueError(f"{name} must be a list of token lists (encode strings with the encoder)")
+        raise ValueError(f"{name} must be a list of token ids or of token-id lists, got {shown(stop)}")
+    if len(stop) > MAX_STOPS:
+        raise ValueError(f"{name}: at most {MAX_STOPS} stop sequences, got {len(stop)}")
     sequences = []
     for n, sequence in enumerate(stop):
+        if isinstance(sequence, numbers.Integral) and not isinstance(sequence, (bool, np.bool_)):
+            sequence = [sequence]
         if isinstance(sequence, (str, bytes, numbers.Number)) or not hasattr(sequence, "__len__") or not len(sequence):
-            raise ValueError(f"{name} sequence {n} must be a non-empty list of token ids, got {sequence!r}")
-        sequences.append(_token_ids(list(sequence), n_vocab, f"{name} sequence {n} token"))
-    return sequences
+            raise ValueError(f"{name} sequence {n} must be a token id or a non-empty list of token ids, "
+                             f"got {sequence!r}")
+        sequences.append(tuple(_token_ids(list(sequence), n_vocab, f"{name} sequence {n} token")))
+    return tuple(sequences)
+
+
+def json_stop(value, name="stop"):
+    """A JSON field of stop strings (a string, or a list of strings; null for none) as the
+    request takes it; ValueError naming the field for another shape. The server's protocol
+    and bulk lines read theirs with it."""
+    if value is None or isinstance(value, str) or (isinstance(value, list) and all(isinstance(t, str) for t in value)):
+        return value
+    raise ValueError(f"{name} must be a string or a list of strings, got {_json(value)}")
+
+
+def json_logit_bias(value, name="logit_bias"):
+    """A JSON object of token ids (as JSON keys: decimal digits alone, not "1_000", " 7 " or
+    "+7", which Python's int() would read) to numbers, OpenAI's {"50256": -100}, as {token id:
+    value}; ValueError naming the field for another shape (the values and ids are the request
+    rules' to check)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f'{name} must be an object of token ids to numbers: {{"50256": -100}}, got {_json(value)}')
+    bad = [key for key in value if not (isinstance(key, str) and re.fullmatch("[0-9]{1,10}", key))]
+    if bad:
+        raise ValueError(f"{name} keys must be token ids in decimal digits, got {shown(bad[0])}")
+    return {int(k): v for k, v in value.items()}
+
+
+def _json(value):
+    import json
+    try:
+        return json.dumps(value)[:80]
+    except (TypeError, ValueError):
+        return repr(value)[:80]
 
 
 # ---- the same rules as graph ops, for requests of tensors (the SavedModel's) ---------------

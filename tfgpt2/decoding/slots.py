@@ -1,22 +1,24 @@
 """The compiled programs of continuous batching: `max_batch` slots over one key/value cache,
 each holding a sequence at a position of its own, with its own controls and random stream.
 
-The cache, the logit bias and the penalties' counts live in variables that the programs update
-in place (XLA aliases a variable's buffer with its update), so a step reads only what it needs:
-the weights and, per slot, the first `window` positions of the cache. Four programs, each
-compiled once per shape bucket, never per request:
+The cache and what a slot's request keeps (its logit bias, the penalties' counts, its stop
+strings and stop token sequences and how far its text has gone into them) live in variables
+that the programs update in place (XLA aliases a variable's buffer with its update), so a step
+reads only what it needs: the weights and, per slot, the first `window` positions of the cache.
+Four programs, each compiled once per shape bucket, never per request:
 
-- `admit(slot, prompt, bias)`: a sequence takes a slot: its bias row, zero counts and, for the
-  repetition penalty, the tokens of its prompt (`controls.start_state`);
+- `admit(slot, prompt, request)`: a sequence takes a slot: its bias row, zero counts, for the
+  repetition penalty the tokens of its prompt (`controls.start_state`), and its stops;
 - `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache;
-- `move(source, target)`: a sequence's cache, bias row and counts from one slot to another (the
-  host moves sequences down into free slots, so that steps stay narrow);
-- `decode(ints, floats, seed, window)`: up to `steps` new tokens for each of the first B slots
-  (B the arrays' width, a program per width: a few sequences pay for their own rows, not for
-  `max_batch`), each fed at its own position, the logits adjusted (`controls.adjusted`), then
-  picked by `choose` with its row's temperature, top-k, top-p, min-p and seed, the k-th draw
-  of a sequence from (seed, k) as `tfgpt2.generate` draws it, so that a sequence's tokens never
-  depend on what shares the batch.
+- `move(source, target)`: a sequence's cache and request from one slot to another (the host
+  moves sequences down into free slots, so that steps stay narrow);
+- `decode(ints, floats, seed, window, stops)`: up to `steps` new tokens for each of the first B
+  slots (B the arrays' width, a program per width: a few sequences pay for their own rows, not
+  for `max_batch`), each fed at its own position, then the one per-token step (`step.step`:
+  the controls, the sampler, end-of-text, stops, log-probabilities) with its row's request, the
+  k-th draw of a sequence from (seed, k) as `tfgpt2.generate` draws it, so that a sequence's
+  tokens never depend on what shares the batch. Stop strings and stop token sequences enter a
+  program only where a sequence of the step has some (`stops`: their shape bucket).
 
 Besides them, `load(slot, pool)` and `save(slot, places)` copy whole cache blocks between a slot
 and the prefix cache's pool (`decoding.prefix`), as TensorFlow runs them (nothing to compile).
@@ -29,34 +31,52 @@ import tensorflow as tf
 from ..products import cpus_only
 from . import controls as control
 from . import layouts
+from . import step as per_token
+from . import stops as text_stops
 from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache
+from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS
 
-TOP_LOGPROBS = 5  # the most likely tokens `decode` reports per step (OpenAI's limit for completions)
-INTS = ("token", "position", "budget", "drawn", "top_k", "logprobs", "biased")  # `decode`'s int32 rows
+STOP_TOKENS = 16  # the longest stop token sequence a slot holds
+INTS = ("token", "position", "budget", "count", "length", "top_k", "logprobs", "biased", "stop_at_eot",
+        "min_tokens", "include_stop")  # `decode`'s int32 rows
 FLOATS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")  # its float32 rows
+IDLE = -1  # `finish` of a row that makes no token in a call (no budget, or its budget spent)
 
 
 class Slots:
-    """The programs and the state of `max_batch` slots for `model`. `choose` is
-    `tfgpt2.sample.choose`; `chunk` the longest prefill chunk (the cache holds n_ctx + chunk
-    positions, rounded up to whole blocks, so that a chunk's padding never wraps); `steps` the
-    most tokens one `decode` call makes; `eot` the token that ends a sequence; `pool` the
-    blocks of the prefix cache's pool (each the keys and values of BLOCK positions). Each program is
+    """The programs and the state of `max_batch` slots for `model`. `chunk` the longest
+    prefill chunk (the cache holds n_ctx + chunk positions, rounded up to whole blocks, so that
+    a chunk's padding never wraps); `steps` the most tokens one `decode` call makes; `eot` the
+    token that ends a sequence (where its request says so); `pool` the blocks of the prefix
+    cache's pool (each the keys and values of BLOCK positions); `vocabulary` (a
+    `stops.Vocabulary`) the token bytes that stop strings are matched on. Each program is
     traced once per shape (`programs`, the compiles), and called as a concrete function: a call
     costs little more than the program (a polymorphic `tf.function` call matches its arguments
     each time)."""
 
-    def __init__(self, model, choose, *, max_batch, chunk, steps, eot, pool=0):
+    def __init__(self, model, *, max_batch, chunk, steps, eot, pool=0, vocabulary=None):
         hp = model.hparams
-        self.model, self.choose, self.max_batch, self.steps, self.eot = model, choose, max_batch, steps, eot
+        self.model, self.max_batch, self.steps, self.eot = model, max_batch, steps, eot
+        if vocabulary is not None:
+            self.vocabulary_bytes, self.vocabulary_lengths = (tf.Variable(a, trainable=False) for a in (
+                vocabulary.bytes, vocabulary.lengths))
         self.length = blocks_for(hp.n_ctx + chunk) * BLOCK
         self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
                       for layer in slot_cache(model, max_batch, self.length)]
         self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)
                      for layer in empty_cache(model, pool, BLOCK)]  # [pool * n_head, BLOCK, head_dim]
-        self.bias = tf.Variable(tf.zeros([max_batch, hp.n_vocab]), trainable=False)
-        self.counts = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.int32), trainable=False)
-        self.seen = tf.Variable(tf.zeros([max_batch, hp.n_vocab], tf.bool), trainable=False)
+        kept = lambda shape, dtype, fill=0: tf.Variable(tf.fill(shape, tf.constant(fill, dtype)), trainable=False)  # noqa: E731
+        self.bias = kept([max_batch, hp.n_vocab], tf.float32)
+        self.counts = kept([max_batch, hp.n_vocab], tf.int32)
+        self.seen = kept([max_batch, hp.n_vocab], tf.bool, False)
+        self.ends = kept([max_batch, MAX_STOPS + 1], tf.int32, -1)  # banned before min_tokens
+        self.stop_ids, self.recent = kept([max_batch, MAX_STOPS, STOP_TOKENS], tf.int32, -1), kept(
+            [max_batch, STOP_TOKENS], tf.int32, -1)
+        self.stops, self.stop_lengths = kept([max_batch, MAX_STOPS, MAX_STOP_BYTES], tf.int32, -1), kept(
+            [max_batch, MAX_STOPS], tf.int32)
+        self.prefixes = kept([max_batch, MAX_STOPS, MAX_STOP_BYTES], tf.bool, False)
+        self.slot_state = (self.bias, self.counts, self.seen, self.ends, self.stop_ids, self.recent, self.stops,
+                           self.stop_lengths, self.prefixes)  # a slot's row of each: what `move` moves
         # on a CPU, the block weights multiplied on every core at a few rows (`layouts`), as
         # `generator.weights_for` picks them: at one slot without a copy
         self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
@@ -72,21 +92,34 @@ class Slots:
                                              autograph=False).get_concrete_function(*specs)
         return self.programs[key]
 
-    def admit(self, slot, prompt, bias):
-        """Slot `slot` for a sequence whose prompt is `prompt` (token ids): its bias row `bias`
-        [n_vocab] (numpy), no tokens counted, its prompt's tokens seen."""
-        n_ctx = self.model.hparams.n_ctx
-        prompt = prompt[-n_ctx:]
-        padded = np.zeros(n_ctx, np.int32)
-        padded[n_ctx - len(prompt):] = prompt
-        where = np.array([slot, n_ctx - len(prompt)], np.int32)
-        run = self.program("admit", tf.TensorSpec([2], tf.int32), tf.TensorSpec([n_ctx], tf.int32),
-                           tf.TensorSpec(bias.shape, tf.float32))
-        run(tf.constant(where), tf.constant(padded), tf.constant(bias))
+    def admit(self, slot, prompt, request):
+        """Slot `slot` for a sequence whose prompt is `prompt` (token ids), generated with
+        `request` (a `decoding.request.Request`): its bias row, no tokens counted, its prompt's
+        tokens seen, its stops (whose shapes it returns: `stop_shape`)."""
+        hp = self.model.hparams
+        prompt = prompt[-hp.n_ctx:]
+        padded = np.zeros(hp.n_ctx, np.int32)
+        padded[hp.n_ctx - len(prompt):] = prompt
+        bias = np.zeros(hp.n_vocab, np.float32)
+        for token, value in request.logit_bias:
+            bias[token] = value
+        ends = np.full(MAX_STOPS + 1, -1, np.int32)
+        singles = ([request.eot] if request.stop_at_eot else []) + [s[0] for s in request.stop_token_ids if len(s) == 1]
+        ends[:len(singles)] = singles
+        ids = np.full([MAX_STOPS, STOP_TOKENS], -1, np.int32)
+        for n, sequence in enumerate(request.stop_token_ids):
+            ids[n, STOP_TOKENS - len(sequence):] = sequence
+        data, lengths = text_stops.stop_bytes([request.stop], MAX_STOPS, MAX_STOP_BYTES)
+        where = np.array([slot, hp.n_ctx - len(prompt)], np.int32)
+        args = (where, padded, bias, ends, ids, data[0], lengths[0])
+        run = self.program("admit", *(tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)) for a in args))
+        run(*(tf.constant(a) for a in args))
+        return stop_shape(request)
+
 
     def move(self, source, target):
         """The sequence in slot `source` to slot `target` (whose sequence has left): its cache
-        rows, bias row, counts and seen tokens."""
+        rows and its request's state."""
         self.program("move", tf.TensorSpec([2], tf.int32))(tf.constant([source, target], tf.int32))
 
     def load(self, slot, pool):
@@ -124,7 +157,7 @@ class Slots:
     def prefill(self, tokens, slot, start, window, targets=None):
         """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
         over its first `window` positions). With `targets` [C], the token after each, returns
-        how likely each was (`log_probabilities`: [C], [C, N], [C, N], numpy), for the
+        how likely each was (`step.log_probabilities`: [C], [C, N], [C, N], numpy), for the
         log-probabilities of a prompt."""
         score = targets is not None
         specs = ([tf.TensorSpec([1, len(tokens)], tf.int32), tf.TensorSpec([2], tf.int32)]
@@ -133,30 +166,34 @@ class Slots:
         out = self.program("prefill", *specs, window=window)(*(tf.constant(a, tf.int32) for a in args))
         return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy()) if score else None
 
-    def decode(self, ints, floats, seed, window):
+    def decode(self, ints, floats, seed, window, stops=(None, None)):
         """Up to `steps` new tokens for each of the first B slots (`_decode`), from numpy arrays:
         `ints` [len(INTS), B] int32, `floats` [len(FLOATS), B] float32, `seed` [B] int64 (B <=
-        max_batch). Returns numpy arrays."""
+        max_batch); `stops`: the largest `stop_shape` of the rows. Returns numpy arrays."""
         run = self.program("decode", tf.TensorSpec(ints.shape, tf.int32), tf.TensorSpec(floats.shape, tf.float32),
-                           tf.TensorSpec(seed.shape, tf.int64), window=window)
-        tokens, count, logprob, (ids, top) = run(tf.constant(ints), tf.constant(floats), tf.constant(seed))
+                           tf.TensorSpec(seed.shape, tf.int64), window=window, stops=tuple(stops))
+        tokens, count, finish, cut, logprob, (ids, top) = run(tf.constant(ints), tf.constant(floats),
+                                                              tf.constant(seed))
         wanted = ints[INTS.index("logprobs")].any()
-        return (tokens.numpy(), count.numpy(),
+        return (tokens.numpy(), count.numpy(), finish.numpy(), cut.numpy(),
                 (logprob.numpy(), ids.numpy(), top.numpy()) if wanted else None)
 
-    def _admit(self, where, prompt, bias):
+    def _admit(self, where, prompt, bias, ends, ids, data, lengths):
         state = control.start_state({"repetition": None}, prompt[None], where[1:], self.model.hparams.n_vocab)
         at = where[:1, None]
-        self.bias.scatter_nd_update(at, bias[None])
-        self.counts.scatter_nd_update(at, state["counts"])
-        self.seen.scatter_nd_update(at, state["seen"])
+        for variable, value in [(self.bias, bias), (self.counts, state["counts"][0]), (self.seen, state["seen"][0]),
+                                (self.ends, ends), (self.stop_ids, ids), (self.stops, data),
+                                (self.stop_lengths, lengths)]:
+            variable.scatter_nd_update(at, value[None])
+        self.recent.scatter_nd_update(at, tf.fill([1, STOP_TOKENS], -1))
+        self.prefixes.scatter_nd_update(at, tf.zeros([1, MAX_STOPS, MAX_STOP_BYTES], tf.bool))
 
     def _move(self, slots):
         heads = self.model.hparams.n_head
         for variable in self._variables():  # [slots * heads, BLOCK, head_dim]
             rows = tf.gather(variable, tf.range(heads) + slots[0] * heads)
             variable.scatter_nd_update((tf.range(heads) + slots[1] * heads)[:, None], rows)
-        for variable in (self.bias, self.counts, self.seen):  # [slots, n_vocab]
+        for variable in self.slot_state:  # [slots, ...]
             variable.scatter_nd_update(slots[1:, None], tf.gather(variable, slots[:1]))
 
     def _prefill(self, tokens, where, targets=None, *, window):
@@ -164,55 +201,78 @@ class Slots:
                                         slot=where[:1], layouts=self.layouts, every_position=targets is not None)
         self._store(cache)
         if targets is not None:
-            return log_probabilities(logits[0], targets)
+            return per_token.log_probabilities(logits[0], targets)
 
-    def _decode(self, ints, floats, seed, *, window):
+    def _decode(self, ints, floats, seed, *, window, stops):
         """Up to `steps` new tokens per slot: its `token` fed at its `position`, each new token
-        fed after it, while the slot has `budget` tokens left and has not made `eot`; draw k of
-        a slot uses the pair (seed, drawn + k); `logprobs` rows (1) want the log-probabilities
-        (of the model's distribution, before the controls). Returns tokens [B, steps], the count
-        of each row's new tokens [B], and the log-probability of each token [B, steps] with the
-        TOP_LOGPROBS most likely ids and theirs [B, steps, N] (zeros unless a row asked). `biased`
-        rows have a logit bias."""
+        fed after it, while the slot has `budget` tokens left in this call and the step has not
+        ended it; token k of a slot draws with the pair (seed, count + k); `logprobs` rows (1)
+        want the log-probabilities (of the model's distribution, before the controls). Returns
+        tokens [B, steps], the count of each row's new tokens [B], how each ended [B] (`step`;
+        IDLE: not ended) and what to cut [B], and the log-probability of each token [B, steps]
+        with the MAX_LOGPROBS most likely ids and theirs [B, steps, N] (zeros unless a row
+        asked). `biased` rows have a logit bias."""
         row = dict(zip(INTS, tf.unstack(ints)), **dict(zip(FLOATS, tf.unstack(floats))))
-        batch, budget = ints.shape[1], row["budget"]  # the first `batch` slots (every slot's blocks of
-        # the window go through the loop, updated in place)
-        controls = dict(bias=self.bias.value()[:batch], repetition=row["repetition"], presence=row["presence"],
-                        frequency=row["frequency"])
-        used = tf.reduce_any((row["biased"] > 0) | (row["repetition"] != 1) | (row["presence"] != 0)
-                             | (row["frequency"] != 0))  # else the controls leave the logits as they are
+        batch = ints.shape[1]  # the first `batch` slots (every slot's blocks of the window go through the loop)
+        controls = self._controls(row, seed, batch, stops)
         zeros = tf.zeros([batch, self.steps], tf.float32)
-        start = dict(j=tf.constant(0), token=row["token"], position=row["position"], alive=budget > 0,
-                     count=tf.zeros_like(budget), cache=self._read(window), counts=self.counts.value()[:batch],
-                     tokens=tf.zeros([batch, self.steps], tf.int32), logprob=zeros,
-                     top=(tf.zeros([batch, self.steps, TOP_LOGPROBS], tf.int32),
-                          tf.zeros([batch, self.steps, TOP_LOGPROBS])))
+        step_state = dict(count=row["count"], finish=tf.where(row["budget"] > 0, 0, IDLE), cut=tf.zeros_like(row["count"]),
+                          counts=self.counts.value()[:batch], seen=self.seen.value()[:batch])
+        if stops[1] is not None:
+            step_state["recent"] = self.recent.value()[:batch, STOP_TOKENS - stops[1][1]:]
+        if stops[0] is not None:
+            step_state["prefixes"] = self.prefixes.value()[:batch, :stops[0][0], :stops[0][1]]
+        start = dict(j=tf.constant(0), token=row["token"], position=row["position"], cache=self._read(window),
+                     step=step_state, tokens=tf.zeros([batch, self.steps], tf.int32), logprob=zeros,
+                     top=(tf.zeros([batch, self.steps, MAX_LOGPROBS], tf.int32),
+                          tf.zeros([batch, self.steps, MAX_LOGPROBS])))
 
         def body(s):
-            at = tf.where(s["alive"], s["position"], self.length - 1)  # a stopped row writes past its window
+            alive = tf.equal(s["step"]["finish"], 0)
+            at = tf.where(alive, s["position"], self.length - 1)  # a stopped row writes past its window
             logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
                                             layouts=self.layouts)
-            state = dict(counts=s["counts"], seen=self.seen[:batch])
-            adjusted = tf.cond(used, lambda: control.adjusted(logits, controls, state), lambda: logits)
-            new = self.choose(adjusted, temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"],
-                              seed=tf.stack([seed, tf.cast(row["drawn"] + s["count"], tf.int64)], axis=1),
-                              min_p=row["min_p"])
+            token, stepped, _ = per_token.step(logits, s["step"], controls)
+            spent = tf.equal(stepped["finish"], 0) & (stepped["count"] - row["count"] >= row["budget"])
+            stepped["finish"] = tf.where(spent, IDLE, stepped["finish"])
             column = tf.stack([tf.range(batch), tf.fill([batch], s["j"])], axis=1)
-            chosen, top = tf.cond(tf.reduce_any(row["logprobs"] > 0), lambda: log_probabilities(logits, new),
+            chosen, top = tf.cond(tf.reduce_any(row["logprobs"] > 0), lambda: per_token.log_probabilities(logits, token),
                                   lambda: (zeros[:, 0], tuple(t[:, 0] for t in start["top"])))
-            alive, count = s["alive"], s["count"] + tf.cast(s["alive"], tf.int32)
-            return (dict(j=s["j"] + 1, token=tf.where(alive, new, s["token"]),
-                         position=s["position"] + tf.cast(alive, tf.int32),
-                         alive=alive & (count < budget) & tf.not_equal(new, self.eot), count=count, cache=cache,
-                         counts=control.counted(dict(counts=s["counts"]), new, alive)["counts"],
-                         tokens=tf.tensor_scatter_nd_update(s["tokens"], column, new),
+            return (dict(j=s["j"] + 1, token=tf.where(alive, token, s["token"]),
+                         position=s["position"] + tf.cast(alive, tf.int32), cache=cache, step=stepped,
+                         tokens=tf.tensor_scatter_nd_update(s["tokens"], column, token),
                          logprob=tf.tensor_scatter_nd_update(s["logprob"], column, chosen),
                          top=tuple(tf.tensor_scatter_nd_update(o, column, t) for o, t in zip(s["top"], top))),)
 
-        s = tf.while_loop(lambda s: tf.reduce_any(s["alive"]), body, (start,), maximum_iterations=self.steps)[0]
+        s = tf.while_loop(lambda s: tf.reduce_any(tf.equal(s["step"]["finish"], 0)), body, (start,),
+                          maximum_iterations=self.steps)[0]
         self._store(s["cache"])
-        self.counts[:batch].assign(s["counts"])
-        return s["tokens"], s["count"], s["logprob"], s["top"]
+        end = s["step"]
+        self.counts[:batch].assign(end["counts"])
+        if stops[1] is not None:
+            self.recent[:batch, STOP_TOKENS - stops[1][1]:].assign(end["recent"])
+        if stops[0] is not None:
+            self.prefixes[:batch, :stops[0][0], :stops[0][1]].assign(end["prefixes"])
+        return s["tokens"], end["count"] - row["count"], end["finish"], end["cut"], s["logprob"], s["top"]
+
+    def _controls(self, row, seed, batch, stops):
+        """The step's controls for the first `batch` slots: their rows of the call and of the
+        variables; the stops' only where `stops` (their shapes) says a row has some."""
+        controls = dict(temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"], seed=seed,
+                        length=row["length"], stop_at_eot=row["stop_at_eot"] > 0, eot=tf.constant(self.eot, tf.int32),
+                        min_p=row["min_p"], bias=self.bias.value()[:batch], repetition=row["repetition"],
+                        presence=row["presence"], frequency=row["frequency"], min_tokens=row["min_tokens"],
+                        ends=self.ends.value()[:batch], include_stop=row["include_stop"] > 0,
+                        adjusting=tf.reduce_any((row["biased"] > 0) | (row["repetition"] != 1) | (row["presence"] != 0)
+                                                | (row["frequency"] != 0)))  # else the logits stay as they are
+        texts, ids = stops
+        if ids is not None:
+            controls["stop_ids"] = self.stop_ids.value()[:batch, :ids[0], STOP_TOKENS - ids[1]:]
+        if texts is not None:
+            controls.update(stops=self.stops.value()[:batch, :texts[0], :texts[1]],
+                            stop_lengths=self.stop_lengths.value()[:batch, :texts[0]],
+                            vocabulary=(self.vocabulary_bytes.value(), self.vocabulary_lengths.value()))
+        return controls
 
     def _read(self, window):
         """Each layer's (keys, values) blocks that hold the first `window` positions: a program
@@ -231,17 +291,24 @@ class Slots:
         return tf.nest.flatten([tuple(part[:blocks] for part in layer) for layer in self.cache])
 
 
-def log_probabilities(logits, token):
-    """log softmax(logits) [batch, n_vocab] at `token` [batch], and the TOP_LOGPROBS most likely
-    ids and their log-probabilities [batch, N] (by repeated arg max: no sort of the vocabulary)."""
-    logp = tf.nn.log_softmax(logits)
-    chosen = tf.gather(logp, token, batch_dims=1)
-    ids, values = [], []
-    rest = logp
-    for _ in range(TOP_LOGPROBS):
-        best = tf.argmax(rest, axis=-1, output_type=tf.int32)
-        ids.append(best)
-        values.append(tf.gather(logp, best, batch_dims=1))
-        rest = tf.tensor_scatter_nd_update(rest, tf.stack([tf.range(tf.shape(best)[0]), best], 1),
-                                           tf.fill(tf.shape(best), float("-inf")))
-    return chosen, (tf.stack(ids, 1), tf.stack(values, 1))
+def stop_shape(request):
+    """The shapes of a request's stops as a decode program takes them: ((stop strings, bytes of
+    the longest) or None, (stop token sequences, tokens of the longest) or None), powers of two
+    (`stops.stop_bytes`)."""
+    texts = None
+    if request.stop:
+        data, _ = text_stops.stop_bytes([request.stop])
+        texts = data.shape[1:]
+    ids = None
+    if request.stop_token_ids:
+        ids = (_power_of_two(len(request.stop_token_ids)), _power_of_two(max(map(len, request.stop_token_ids))))
+    return texts, ids
+
+
+def wider(a, b):
+    """The stop shape that holds both (`stop_shape`)."""
+    return tuple(x if y is None else y if x is None else tuple(map(max, x, y)) for x, y in zip(a, b))
+
+
+def _power_of_two(n):
+    return 1 << (n - 1).bit_length()

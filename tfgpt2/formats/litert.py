@@ -23,18 +23,22 @@ The products are traced as `tf.matmul` (`plain_products`): LiteRT has no XLA dot
 runtime no TensorFloat-32, so they are float32 in the file.
 """
 import contextlib
+import dataclasses
 import os
 import tempfile
 
 import numpy as np
 import tensorflow as tf
 
+from ..decoding import step as per_token
 from ..decoding.cache import call_with_cache, empty_cache
-from ..decoding.request import check_request
-from ..encoder import EOT_TOKEN
+from ..decoding.request import check_prompts, check_request, check_window
+from ..decoding.stops import Vocabulary
+from ..decoding.text import completion, token_row
+from ..encoder import default_encoder
 from ..inputs import in_vocabulary
 from ..model import shape_list
-from ..sample import choose
+from ..seeds import seed_of
 from .checkpoint import load_model
 from .files import replacing
 
@@ -206,37 +210,62 @@ class LiteRTModel:
         return out["logits"][0], {name: out[name] for name in self.cache_names}
 
 
-def generate_litert(model, prompts, length, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
-                    stop_at_eot=False, eot=EOT_TOKEN, progress=None):
-    """`tfgpt2.generate` over a `LiteRTModel` (or a file's path): the same arguments, checks,
-    sampling and seeds, so at temperature 0 the same tokens wherever the logits agree. The
-    file runs at batch 1: each prompt has its own cache, and the rows advance together, so
-    that `choose` draws for all rows at once as `generate` does. `progress(n)`: called with
-    the number of new tokens so far."""
+def generate_litert(model, prompts, length, *, encoder=None, progress=None, **controls):
+    """`tfgpt2.generate` over a `LiteRTModel` (or a file's path): the same arguments (every
+    control; not `context_keep`, `stream` or `prompt_logprobs`), checks, sampling, seeds and
+    results, so at temperature 0 the same tokens wherever the logits agree. `progress(n)`: called
+    with the number of new tokens so far."""
     if not isinstance(model, LiteRTModel):
         model = LiteRTModel(model)
-    request = check_request(prompts, length, n_vocab=model.n_vocab, n_ctx=model.n_ctx, temperature=temperature,
-                            top_k=top_k, top_p=top_p, seed=seed, stop_at_eot=stop_at_eot, eot=eot)
-    prompts, length, sampling = request.prompts, request.length, request.sampling
-    temperature, top_k, top_p, seed, eot = (sampling[k] for k in ("temperature", "top_k", "top_p", "seed", "eot"))
-    lengths = [len(p) for p in prompts]
-    pick = tf.function(choose, autograph=False)  # one graph for the run (eagerly, top-k's bisection is slow)
-    states = [model.prefill(p) for p in prompts]
-    new = np.zeros([len(prompts), length], np.int64)
-    done = np.zeros(len(prompts), bool)
-    count = np.zeros(len(prompts), int)
-    for i in range(length):
-        logits = tf.constant(np.stack([logits for logits, _ in states]))
-        token = pick(logits, temperature=tf.constant(temperature, tf.float32), top_k=tf.constant(top_k),
-                       top_p=tf.constant(top_p, tf.float32), seed=tf.constant([seed, i], tf.int64),
-                       filters=(top_k != 0, top_p < 1)).numpy()
-        token = np.where(done, eot, token)
-        new[:, i], count = token, count + ~done
-        done |= stop_at_eot & (token == eot)
+    texts, sequences = (controls.pop("stop", None), [])
+    if texts is not None and not isinstance(texts, str):
+        texts, sequences = [t for t in texts if isinstance(t, str)], [t for t in texts if not isinstance(t, str)]
+    controls["stop_token_ids"] = sequences + list(controls.get("stop_token_ids") or [])
+    request = check_request(n_vocab=model.n_vocab, n_ctx=model.n_ctx, length=length, stop=texts, **controls)
+    text = bool(request.stop) or request.logprobs is not None or encoder is not None
+    return complete_litert(model, prompts, request, encoder=encoder, text=text, progress=progress)
+
+
+def complete_litert(model, prompts, request, *, encoder=None, text=True, progress=None):
+    """`generate_litert` of a checked `decoding.request.Request`, as `tfgpt2.sample.complete`:
+    `decoding.text.Completion`s, or, without `text`, arrays. The file runs at batch 1: each
+    prompt has its own cache, and the rows advance together through the one per-token step
+    (`decoding.step`), run on the logits the file returns."""
+    if request.context_keep is not None or request.prompt_logprobs is not None:
+        raise ValueError("a LiteRT file generates within its window and reports no prompt log-probabilities: "
+                         "context_keep and prompt_logprobs are not available")
+    prompts = check_prompts(prompts, model.n_vocab)
+    check_window(max(map(len, prompts)), request.length, model.n_ctx)
+    vocabulary = Vocabulary.of(encoder or default_encoder()) if text else None
+    rows = [dataclasses.replace(request, seed=seed_of(request.seed, r)) for r in range(len(prompts))]
+    controls, filters = per_token.controls_for(rows, model.n_vocab, vocabulary)
+    padded = np.zeros([len(prompts), max(map(len, prompts))], np.int32)
+    for row, p in enumerate(prompts):
+        padded[row, padded.shape[1] - len(p):] = p
+    state = per_token.begin(controls, tf.constant(padded), tf.constant(padded.shape[1] - np.array(list(map(len, prompts))),
+                                                                      tf.int32), model.n_vocab)
+    # one graph for the run (eagerly, top-k's bisection is slow)
+    run = tf.function(lambda logits, state: per_token.step(logits, state, controls, filters=filters,
+                                                           top=request.logprobs), autograph=False)
+    new, scores = [[] for _ in prompts], [[] for _ in prompts]
+    caches = [model.prefill(p) for p in prompts]
+    for i in range(request.length):
+        running = state["finish"].numpy() == 0
+        token, state, scored = run(tf.constant(np.stack([logits for logits, _ in caches])), state)
+        for row in np.flatnonzero(running):
+            new[row].append(int(token[row]))
+            if scored is not None:
+                scores[row].append((scored[0][row].numpy(), scored[1][0][row].numpy(), scored[1][1][row].numpy()))
         if progress is not None:
             progress(i + 1)
-        if i + 1 == length or done.all():
+        finish = state["finish"].numpy()
+        if not (finish == 0).any():
             break
-        states = [state if finished else model.decode(int(t), lengths[row] + i, state[1])
-                  for row, (state, t, finished) in enumerate(zip(states, token, done))]
-    return [np.concatenate([p, new[row, :count[row]]]) for row, p in enumerate(prompts)]
+        caches = [cache if finish[row] else model.decode(new[row][-1], len(prompts[row]) + i, cache[1])
+                  for row, cache in enumerate(caches)]
+    finish, cut = state["finish"].numpy(), state["cut"].numpy()
+    if not text:
+        return [np.concatenate([p, np.asarray(token_row(n, f, c), np.int64)]) for p, n, f, c in zip(prompts, new, finish, cut)]
+    return [completion(p, n, f, c, vocabulary.token_bytes, scores=s if request.logprobs is not None else None)
+            for p, n, f, c, s in zip(prompts, new, finish, cut, scores)]
+

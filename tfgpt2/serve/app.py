@@ -26,12 +26,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from . import protocol, tokenizer
+from ..decoding.step import LENGTH
+from ..decoding.stops import Vocabulary
+from ..decoding.text import TextStream, token_text
 from .guards import MAX_BODY, RequireKey, no_route, read_json
 from .protocol import RequestError
-from ..sample import choose
-from .scheduler import QueueFull, Scheduler, Sequence
+from .scheduler import ERROR, QueueFull, Scheduler, Sequence
 from .server import Server, config
-from .text import TextStream, token_text
 
 RETRY_AFTER = 1  # seconds a client told 429 waits
 COMPLETIONS = "/v1/completions"
@@ -86,28 +87,27 @@ class Choice:
         echo = completion.echo and (completion.texts[prompt] if completion.texts[prompt] is not None
                                     else encoder.decode(completion.prompts[prompt]))
         self.echo = echo or ""
-        self.stream = TextStream(encoder.encoding.decode_single_token_bytes, completion.stops, offset=len(self.echo))
-        self.sequence = Sequence(completion.prompts[prompt], completion.max_tokens, completion.sampling, self.sink,
-                                 bias=completion.bias, seed=completion.seed_of(index),
-                                 logprobs=completion.logprobs is not None, context_keep=completion.context_keep,
+        request = completion.request_of(index)
+        self.stream = TextStream(encoder.encoding.decode_single_token_bytes, request.stop, offset=len(self.echo))
+        self.sequence = Sequence(completion.prompts[prompt], request, self.sink,
                                  score_prompt=completion.echo and completion.logprobs is not None)
         self.tokens = 0
 
-    def sink(self, tokens, logprobs, end):
-        """The scheduler's call (engine thread): the new tokens as text; True at a stop string."""
+    def sink(self, tokens, logprobs, finish, cut):
+        """The scheduler's call (engine thread): the new tokens as text, the text's end where
+        the step ended the choice (`decoding.step`: its <|endoftext|> or stop left out)."""
         first, self.tokens = not self.tokens, self.tokens + len(tokens)
-        if end == "eot":  # <|endoftext|> ends the text and is not part of it
-            tokens, logprobs = tokens[:-1], logprobs and logprobs[:-1]
         entries = logprobs and [self.entry(token, values) for token, values in zip(tokens, logprobs)]
-        text, released, stopped = self.stream.feed(tokens, entries)
-        reason = "stop" if stopped or end == "eot" else end
-        if reason:
-            rest, more = self.stream.finish()
-            text, released = text + rest, released + more
+        if finish == ERROR:
+            text, released, reason = "", [], "error"
+        elif finish:
+            (text, released), reason = self.stream.finish(tokens, entries, finish, cut), (
+                "length" if finish == LENGTH else "stop")
+        else:
+            (text, released), reason = self.stream.feed(tokens, entries), None
         if first and self.sequence.score_prompt:  # the echoed prompt's entries come first
             released = self.prompt_entries() + released
         self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, text, released, reason, len(tokens)))
-        return stopped
 
     def entry(self, token, values):
         """A token's logprobs entry from (its log-probability, the top ids, theirs), or None."""
@@ -123,9 +123,7 @@ class Choice:
         prompt = self.sequence.prompt
         scored = TextStream(self.encoder.encoding.decode_single_token_bytes)
         entries = [self.entry(t, v) for t, v in zip(prompt, [None] + self.sequence.prompt_logprobs)]
-        return scored.feed(prompt, entries)[1] + scored.finish()[1]
-
-
+        return scored.finish(prompt, entries)[1]
 
 
 def create_app(scheduler, *, model_name, encoder, hparams, api_key=None, public_metrics=False, max_body=MAX_BODY,
@@ -402,8 +400,8 @@ def serve(model, encoder, *, model_name, host="127.0.0.1", port=8000, max_batch=
     `create_app` takes them; a request must be in whole within `request_timeout` seconds
     (`server.Protocol`), and the drain ends within `drain_timeout`. `ready()` is called once the
     port listens."""
-    scheduler = Scheduler(model, choose, max_batch=max_batch, max_queue=max_queue, chunk=chunk, steps=steps,
-                          eot=encoder.eot_token, prefix_blocks=prefix_blocks)
+    scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue, chunk=chunk, steps=steps,
+                          eot=encoder.eot_token, prefix_blocks=prefix_blocks, vocabulary=Vocabulary.of(encoder))
     app = create_app(scheduler, model_name=model_name, encoder=encoder, hparams=model.hparams, api_key=api_key,
                      public_metrics=public_metrics, max_body=max_body, docs=docs)
     settings = config(app, host=host, port=port, log_level=log_level, request_timeout=request_timeout)

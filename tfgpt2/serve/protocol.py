@@ -3,22 +3,22 @@
 `tfgpt2.generate` would say), and the response, stream chunk and error objects.
 
 Fields: OpenAI's `model`, `prompt` (a string, a list of strings, token ids or lists of them),
-`max_tokens` (default 16), `temperature`, `top_p`, `n`, `stop` (a string or up to 4), `seed`,
+`max_tokens` (default 16), `temperature`, `top_p`, `n`, `stop` (a string or a list of up to
+`decoding.request.MAX_STOPS`: more than OpenAI's 4, for evaluation tasks), `seed`,
 `presence_penalty`, `frequency_penalty`, `logit_bias`, `logprobs` (0-5), `echo`, `stream`,
 `stream_options.include_usage`, `user` (ignored), `best_of` (= n) and `suffix` (null only);
 tfgpt2's `top_k`, `min_p`, `repetition_penalty` and `context_keep` (go past n_ctx from the last
 that many tokens). Any other field is refused, naming it.
 """
+import dataclasses
 import math
 import re
-import secrets
 import time
 import uuid
 
-from ..decoding.request import Range, batch_seed, check_request, check_value, shown
-
-MAX_STOPS = 4      # OpenAI's limit
-MAX_LOGPROBS = 5   # OpenAI's limit for completions (`decoding.slots.TOP_LOGPROBS`)
+from .. import seeds
+from ..decoding.request import check_prompts, check_request, check_value, check_window, json_logit_bias, json_stop
+from ..ranges import Range, shown
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
           "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "user", "best_of",
           "suffix", "top_k", "min_p", "repetition_penalty", "context_keep"}
@@ -39,18 +39,25 @@ class RequestError(Exception):
 
 class Completion:
     """A checked completions request: `prompts` (token lists) and their `texts` (for `echo`),
-    `n` choices each, `max_tokens`, `sampling` (the scheduler's values), `bias`, `seed` (None:
-    random), `stops`, `logprobs` (None or 0-5), `echo`, `stream`, `include_usage`,
-    `context_keep`."""
+    `n` choices each, `request` (the `decoding.request.Request` of every choice; its seed drawn
+    where none was given), `echo`, `stream`, `include_usage`."""
 
     def choices(self):
         """(prompt index, choice index) of every choice, in the response's order."""
         return [(p, p * self.n + j) for p in range(len(self.prompts)) for j in range(self.n)]
 
-    def seed_of(self, index):
-        """The seed of choice `index`: the request's plus the index (choices differ, requests
-        repeat), or a random one."""
-        return secrets.randbelow(2**63) if self.seed is None else batch_seed(self.seed, index)
+    def request_of(self, index):
+        """The request of choice `index`: its seed the request's + index (`seeds.seed_of`:
+        choices differ, requests repeat, and choice i is `tfgpt2.generate`'s row i)."""
+        return dataclasses.replace(self.request, seed=seeds.seed_of(self.request.seed, index))
+
+    @property
+    def logprobs(self):
+        return self.request.logprobs
+
+    @property
+    def max_tokens(self):
+        return self.request.length
 
 
 def parse(body, *, model_name, encoder, hparams, capacity):
@@ -77,15 +84,7 @@ def parse(body, *, model_name, encoder, hparams, capacity):
     c.texts, c.prompts = _prompts(prompt, encoder)
     c.stream, c.echo = (_flag(name, get(name, False)) for name in ("stream", "echo"))
     c.include_usage = _stream_options(get("stream_options"), c.stream)
-    c.logprobs = None if get("logprobs") is None else _field("logprobs", get("logprobs"), Range(int, 0, MAX_LOGPROBS))
-    c.stops = _stops(get("stop", []))
-    request = _check(c.prompts, get, hparams)
-    c.max_tokens, c.context_keep, s = request.length, request.context_keep, request.sampling
-    c.seed = None if get("seed") is None else s["seed"]
-    c.sampling = dict(temperature=s["temperature"], top_p=s["top_p"], min_p=s["min_p"], top_k=s["top_k"],
-                      repetition=s["repetition_penalty"], presence=s["presence_penalty"],
-                      frequency=s["frequency_penalty"])
-    c.bias = s["logit_bias"]
+    c.request = _check(c.prompts, get, hparams)
     return c
 
 
@@ -106,16 +105,23 @@ def _field(name, value, value_range):
 
 def _check(prompts, get, hparams):
     """The request rules (`decoding.request`, which `tfgpt2.generate` asks too) over the prompts,
-    max_tokens, context_keep and the sampling fields: a 400 with the rule's message."""
+    max_tokens, context_keep and the sampling fields, read with the JSON readers that bulk lines
+    use too: the `Request`, or a 400 with the rule's message. <|endoftext|> ends a choice, as
+    OpenAI's."""
     try:
-        return check_request(
-            prompts, get("max_tokens", 16), n_vocab=hparams.n_vocab, n_ctx=hparams.n_ctx,
-            context_keep=get("context_keep"), names=API_NAMES, temperature=get("temperature", 1.0),
-            top_k=get("top_k", 0), top_p=get("top_p", 1.0), min_p=get("min_p", 0.0), seed=get("seed"),
+        request = check_request(
+            n_vocab=hparams.n_vocab, n_ctx=hparams.n_ctx, names=API_NAMES, length=get("max_tokens", 16),
+            context_keep=get("context_keep"), temperature=get("temperature", 1.0), top_k=get("top_k", 0),
+            top_p=get("top_p", 1.0), min_p=get("min_p", 0.0), seed=get("seed"),
             repetition_penalty=get("repetition_penalty", 1.0), presence_penalty=get("presence_penalty", 0.0),
-            frequency_penalty=get("frequency_penalty", 0.0), logit_bias=_bias(get("logit_bias", {})))
+            frequency_penalty=get("frequency_penalty", 0.0), logit_bias=json_logit_bias(get("logit_bias")),
+            stop=json_stop(get("stop")), logprobs=get("logprobs"), stop_at_eot=True)
+        prompts = check_prompts(prompts, hparams.n_vocab, API_NAMES["prompts"])
+        check_window(max(map(len, prompts)), request.length, hparams.n_ctx, context_keep=request.context_keep,
+                     names=API_NAMES)
     except ValueError as e:
         raise RequestError(str(e), param=_param(str(e))) from None
+    return request
 
 
 def _param(message):
@@ -157,25 +163,6 @@ def _prompts(prompt, encoder):
     if all(isinstance(p, list) for p in prompt):
         return [None] * len(prompt), [ids(p, f"prompt {n}") for n, p in enumerate(prompt)]
     return [None], [ids(prompt, "prompt")]
-
-
-def _stops(stop):
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError(f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop")
-    return stops
-
-
-def _bias(bias):
-    """{token id: value} of OpenAI's {"id": value}; an id is written in decimal digits alone
-    (not "1_000", " 7 " or "+7", which Python's int() would read)."""
-    if not isinstance(bias, dict):
-        raise RequestError('logit_bias must be an object of token ids to numbers: {"50256": -100}', param="logit_bias")
-    bad = [token for token in bias if not re.fullmatch("[0-9]{1,10}", token)]
-    if bad:
-        raise RequestError(f"logit_bias keys must be token ids in decimal digits, got {shown(bad[0])}",
-                           param="logit_bias")
-    return {int(token): value for token, value in bias.items()}
 
 
 # ---- responses ----------------------------------------------------------------------------

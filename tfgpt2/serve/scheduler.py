@@ -1,7 +1,8 @@
 """Continuous batching: sequences wait in a queue, take a free slot of `decoding.slots.Slots`,
 are prefilled a chunk at a time (one chunk between decode steps, so running streams keep
-flowing), then join the running batch at the next step; each leaves on its token budget,
-end-of-text, a stop string (its consumer says so) or a cancel, and its slot is reused at once.
+flowing), then join the running batch at the next step; each leaves where the per-token step
+ends it (its length, end-of-text, a stop string or stop token sequence: `decoding.step`) or on a
+cancel, and its slot is reused at once.
 A decode step runs the slots up to the highest in use (`width`), not all `max_batch`; where
 sequences leave low slots while a high one runs on, it moves down into a free one. With a
 prefix cache (`decoding.prefix`), a prompt's whole blocks are kept as its prefill writes them,
@@ -20,7 +21,10 @@ import numpy as np
 from ..decoding.buckets import bucket
 from ..decoding.cache import BLOCK, blocks_for
 from ..decoding.prefix import PrefixCache
-from ..decoding.slots import FLOATS, INTS, Slots
+from ..decoding.slots import FLOATS, IDLE, INTS, Slots, wider
+
+ERROR = -2  # a sink's `finish` where the step failed
+PER_SLOT = ("top_k", "length", "logprobs", "biased", "stop_at_eot", "min_tokens", "include_stop")  # a request's ints
 
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
 
@@ -30,20 +34,21 @@ class QueueFull(Exception):
 
 
 class Sequence:
-    """One completion to generate: `prompt` (token ids), up to `max_tokens` new tokens, the
-    sampling values (`FLOATS` and "top_k"), `bias` ({token id: value}), `seed`, `logprobs`
-    (whether to report log-probabilities) and `context_keep` (go on past n_ctx from the last
-    that many tokens; None: the request fits). `sink(tokens, logprobs, end)` hears each group
-    of new tokens, from the engine thread (`end`: None, "length", "eot", or "error"; logprobs:
-    (log-probability, top ids, their log-probabilities) per token, or None) and returns True
-    to end the sequence there (a stop string). With `score_prompt`, `prompt_logprobs` holds
-    those of the prompt's tokens but the first, as `logprobs` (filled before the first tokens)."""
+    """One completion to generate: `prompt` (token ids) continued as `request` (a
+    `decoding.request.Request`: its length, controls, stops, seed, log-probabilities and
+    context_keep, going on past n_ctx from the last that many tokens). `sink(tokens, logprobs,
+    finish, cut)` hears each group of new tokens, from the engine thread (`finish`: 0 while the
+    sequence runs, then how the step ended it, `decoding.step`, with what to `cut`; ERROR where
+    the step failed; logprobs: (log-probability, top ids, their log-probabilities) per token, or
+    None). With `score_prompt`, `prompt_logprobs` holds those of the prompt's tokens but the
+    first, as `logprobs` (filled before the first tokens)."""
 
-    def __init__(self, prompt, max_tokens, sampling, sink, *, bias=None, seed=0, logprobs=False, context_keep=None,
-                 score_prompt=False):
-        self.prompt, self.max_tokens, self.sampling, self.sink = list(prompt), max_tokens, sampling, sink
-        self.bias, self.seed, self.logprobs, self.context_keep = bias or {}, seed, logprobs, context_keep
+    def __init__(self, prompt, request, sink, *, score_prompt=False):
+        self.prompt, self.request, self.sink = list(prompt), request, sink
+        self.max_tokens, self.context_keep = request.length, request.context_keep
+        self.logprobs = request.logprobs is not None
         self.score_prompt, self.prompt_logprobs = score_prompt, []
+        self.stop_shape = (None, None)  # the shapes of its stops, as a decode program takes them
         self.generated = []
         self.slot = None
         self.context, self.prefilled = self.prompt, 0  # what the slot's cache holds (a window, past n_ctx)
@@ -63,17 +68,17 @@ class Sequence:
 
 
 class Scheduler:
-    """Runs sequences on `max_batch` slots of `model` (`choose`: `tfgpt2.sample.choose`):
-    `submit`, `cancel`, and `run` in a thread of its own until `close`. At most `max_queue`
+    """Runs sequences on `max_batch` slots of `model`: `submit`, `cancel`, and `run` in a thread of its own until `close`. At most `max_queue`
     sequences wait for a slot (`submit` raises QueueFull past that). `chunk`: the longest prefill
     chunk; `steps`: the most tokens a decode call makes while no prompt is waiting to be prefilled
     (more amortize the host's work per call, fewer let new requests in sooner); `prefix_blocks`:
     the blocks of the prefix cache's pool (0: no prefix cache)."""
 
-    def __init__(self, model, choose, *, max_batch, max_queue, chunk=64, steps=1, eot, prefix_blocks=0):
+    def __init__(self, model, *, max_batch, max_queue, chunk=64, steps=1, eot, prefix_blocks=0, vocabulary=None):
         self.n_ctx, self.n_vocab, self.eot = model.hparams.n_ctx, model.hparams.n_vocab, eot
         self.max_batch, self.max_queue, self.chunk = max_batch, max_queue, chunk
-        self.slots = Slots(model, choose, max_batch=max_batch, chunk=chunk, steps=steps, eot=eot, pool=prefix_blocks)
+        self.slots = Slots(model, max_batch=max_batch, chunk=chunk, steps=steps, eot=eot, pool=prefix_blocks,
+                           vocabulary=vocabulary)
         self.prefix = PrefixCache(prefix_blocks) if prefix_blocks else None
         self.running = [None] * max_batch
         self.waiting = collections.deque()
@@ -82,7 +87,7 @@ class Scheduler:
         self.generated = 0  # tokens generated so far, all sequences
         # each slot's sampling values, as `Slots.decode` takes them
         self.floats = np.zeros([len(FLOATS), max_batch], np.float32)
-        self.top_k, self.seed = np.zeros(max_batch, np.int32), np.zeros(max_batch, np.int64)
+        self.ints, self.seed = np.zeros([len(PER_SLOT), max_batch], np.int32), np.zeros(max_batch, np.int64)
 
     # ---- any thread --------------------------------------------------------------------
 
@@ -168,13 +173,15 @@ class Scheduler:
         return taken
 
     def _admit(self, sequence):
-        """The slot's values for the sequence: sampling, seed, bias row, counts, seen prompt."""
-        slot, bias = sequence.slot, np.zeros(self.n_vocab, np.float32)
-        for token, value in sequence.bias.items():
-            bias[token] = value
-        self.floats[:, slot] = [sequence.sampling[name] for name in FLOATS]
-        self.top_k[slot], self.seed[slot] = sequence.sampling["top_k"], sequence.seed
-        self.slots.admit(slot, sequence.prompt, bias)
+        """The slot's values for the sequence's request: sampling, seed, bias row, counts, seen
+        prompt, stops."""
+        r, slot = sequence.request, sequence.slot
+        self.floats[:, slot] = [r.temperature, r.top_p, r.min_p, r.repetition_penalty, r.presence_penalty,
+                                r.frequency_penalty]
+        self.ints[:, slot] = [r.top_k, r.length, sequence.logprobs, bool(r.logit_bias), r.stop_at_eot, r.min_tokens,
+                              r.include_stop_str_in_output]
+        self.seed[slot] = r.seed
+        sequence.stop_shape = self.slots.admit(slot, sequence.prompt, r)
         sequence.since_context = 0
         if self._cacheable(sequence):
             pool = self.prefix.lookup(sequence.prompt, self._whole_chunks(len(sequence.prompt) - 1))
@@ -219,32 +226,33 @@ class Scheduler:
         """Up to `steps` new tokens for each sequence that is ready, handed to its sink."""
         ready = [s for s in self.running if s is not None and not s.prefilling]
         rows = width(max(s.slot for s in ready) + 1, self.max_batch)  # the slots the step runs
-        ints = dict(zip(INTS, np.zeros([len(INTS), rows], np.int32)), top_k=self.top_k[:rows])
+        ints = dict(zip(INTS, np.zeros([len(INTS), rows], np.int32)), **dict(zip(PER_SLOT, self.ints[:, :rows])))
+        stops = (None, None)
         for s in ready:
             ints["token"][s.slot] = s.generated[-1] if s.since_context else s.context[-1]
-            ints["position"][s.slot], ints["drawn"][s.slot], ints["logprobs"][s.slot], ints["biased"][s.slot] = (
-                s.position, len(s.generated), s.logprobs, bool(s.bias))
+            ints["position"][s.slot], ints["count"][s.slot] = s.position, len(s.generated)
             ints["budget"][s.slot] = min(steps, s.max_tokens - len(s.generated), self.n_ctx - s.position)
-        tokens, count, logprobs = self.slots.decode(
+            stops = wider(stops, s.stop_shape)
+        tokens, count, finish, cut, logprobs = self.slots.decode(
             np.stack([ints[name] for name in INTS]), self.floats[:, :rows], self.seed[:rows],
-            window(int(max(ints["position"] + ints["budget"])), self.n_ctx))
+            window(int(max(ints["position"] + ints["budget"])), self.n_ctx), stops)
         for s in ready:
             new = tokens[s.slot, :count[s.slot]].tolist()
             self._advance(s, new, [tuple(values[s.slot, j] for values in logprobs) for j in range(len(new))]
-                          if s.logprobs else None)
+                          if s.logprobs else None, 0 if finish[s.slot] == IDLE else int(finish[s.slot]),
+                          int(cut[s.slot]))
 
-    def _advance(self, sequence, new, logprobs):
-        """The sequence after its new tokens: ended (budget, end-of-text, its sink's stop),
-        slid past n_ctx (`context_keep`), or going on."""
+    def _advance(self, sequence, new, logprobs, finish, cut):
+        """The sequence after its new tokens: ended (`finish`, the step's), slid past n_ctx
+        (`context_keep`), or going on."""
         sequence.generated += new
         sequence.since_context += len(new)
         self.generated += len(new)
-        end = ("eot" if new and new[-1] == self.eot else
-               "length" if len(sequence.generated) >= sequence.max_tokens else None)
-        if sequence.position >= self.n_ctx and end is None:  # the window is full: go on from its last tokens
+        if sequence.position >= self.n_ctx and not finish:  # the window is full: go on from its last tokens
             sequence.context = (sequence.prompt + sequence.generated)[-sequence.context_keep:]
             sequence.prefilled, sequence.since_context = 0, 0
-        if sequence.sink(new, logprobs, end) or end:
+        sequence.sink(new, logprobs, finish, cut)
+        if finish:
             self.running[sequence.slot] = None
 
     def _compact(self):
@@ -254,7 +262,7 @@ class Scheduler:
         while used and width(used[-1] + 1, self.max_batch) > width(len(used), self.max_batch):
             source, target = used.pop(), self.running.index(None)
             self.slots.move(source, target)
-            for values in (self.floats, self.top_k, self.seed):
+            for values in (self.floats, self.ints, self.seed):
                 values[..., target] = values[..., source]
             sequence, self.running[source] = self.running[source], None
             self.running[target], sequence.slot = sequence, target
@@ -265,7 +273,7 @@ class Scheduler:
             failed = [s for s in self.running if s is not None]
             self.running = [None] * self.max_batch
         for sequence in failed:
-            sequence.sink([], None, "error")
+            sequence.sink([], None, ERROR, 0)
 
 
 def window(positions, n_ctx):

@@ -6,10 +6,11 @@ ValueError naming its flag."""
 import dataclasses
 import difflib
 import math
-import numbers
 import os
 
 from ..adapters import LORA_TARGETS
+from ..ranges import Range
+from ..seeds import SEEDS
 from .data import check_encoding
 from .distribute import STRATEGIES
 from .optimizers import OPTIMIZERS
@@ -92,7 +93,7 @@ class TrainConfig:
     quiet: bool = switch("no bar or per-step lines, samples or checkpoint messages: warnings, errors and the "
                          "final line only")
     no_xla: bool = switch("run the step without XLA (compiles faster; on a CPU, 16-bit products: see --precision)")
-    seed: int = integer(0, "draws the windows (and samples)")
+    seed: int = integer(0, "draws the windows (and samples: `tfgpt2.seeds`)", low=SEEDS.low, high=SEEDS.high)
     lr_schedule: str = text("constant", "cosine: down to a tenth of --learning_rate at --steps",
                             choices=("constant", "cosine"))
     warmup_steps: int = integer(0, low=0)
@@ -183,17 +184,10 @@ def _checked(field, value):
 
 
 def _in_range(flag, value, rule):
-    """A number of the rule's kind (from a number or its text) within its range, or ValueError."""
+    """A number of the rule's kind (from a number or its text) within its range (the one range
+    rule, `ranges.Range`; finite), or ValueError naming the flag."""
     kind, low, high = rule["kind"], rule["low"], rule["high"]
-    exact = kind is float or isinstance(value, (numbers.Integral, str))
-    try:
-        number = kind(value) if exact and not isinstance(value, bool) and isinstance(value, (numbers.Real, str)) \
-            else None
-    except ValueError:
-        number = None
-    if (number is None or not math.isfinite(number) or (low is not None and number < low)
-            or (high is not None and number > high)):
-        what = "an integer" if kind is int else "a number"
-        bounds = "" if low is None else f" >= {low}" if high is None else f" from {low} to {high}"
-        raise ValueError(f"{flag} must be {what}{bounds}, got {value!r}")
-    return number
+    bounded = kind is int or high is not None
+    value_range = Range(kind, -math.inf if low is None else low, math.inf if high is None else high,
+                        "[]" if bounded else "[)")
+    return value_range.check(value, flag, text=True)

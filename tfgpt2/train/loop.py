@@ -34,6 +34,7 @@ from ..formats.checkpoint import checkpoint_prefix, load_model
 from ..formats.files import write_text
 from ..formats.folders import encoder_of, model_path, vocabulary_source
 from ..sample import generate
+from ..seeds import seed_of
 from . import data, distribute
 from .config import TrainConfig
 from .optimizers import make_optimizer, trained_variables
@@ -306,11 +307,12 @@ def validate(trainer, batches):
 
 def write_samples(model, enc, config, run_dir, step):
     """`--sample_num` samples of `--sample_length` tokens from <|endoftext|>, written to
-    samples-<step>.txt; returns their text. As the forks: top-p where --top_p > 0, else top-k."""
+    samples-<step>.txt; returns their text. As the forks: top-p where --top_p > 0, else top-k.
+    The samples of a step are batch number `step` of the run's (`seeds.seed_of`)."""
     nucleus = config.top_p > 0
     rows = generate(model, [[enc.eot_token]] * config.sample_num, config.sample_length,
                     top_k=0 if nucleus else config.top_k, top_p=config.top_p if nucleus else 1.0,
-                    seed=config.seed + step)
+                    seed=seed_of(config.seed, step * config.sample_num))
     text = "".join("=" * 20 + f" SAMPLE {i} " + "=" * 20 + "\n" + enc.decode(row[1:]) + "\n"
                    for i, row in enumerate(rows))
     write_text(os.path.join(run_dir, f"samples-{step}.txt"), text)
