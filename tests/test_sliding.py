@@ -144,7 +144,8 @@ def test_the_commands_slide_with_context_keep(tiny, tiny_dir, tmp_path, capsys, 
         generate_command.main(argv)
     expected = generate(tiny, [context], 80, temperature=0, context_keep=20)[0][len(context):].tolist()
     assert len(context) + 80 - 1 > N_CTX
-    monkeypatch.setattr(generate_command, "load", lambda args, _: (tiny, enc, args.length))  # the loaded model
+    from tfgpt2.formats import checkpoint
+    monkeypatch.setattr(checkpoint, "load_model", lambda folder, **options: tiny)  # the loaded model
     generate_command.main(argv + ["--context_keep", "20"])
     assert enc.decode(expected) in capsys.readouterr().out
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
