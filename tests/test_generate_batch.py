@@ -284,8 +284,7 @@ def test_lines_with_their_own_controls_equal_each_prompt_alone(tiny_dir, tmp_pat
     ("temperature", -1, "field 'temperature' must be a finite number >= 0, got -1"),
     ("seed", 1.5, "field 'seed' must be an integer in [0, 2**63), got 1.5"),
     ("logit_bias", {"50257": 1}, "field 'logit_bias' token must be a token id in [0, n_vocab=50257), got 50257"),
-    ("logit_bias", {"x": 1}, "field 'logit_bias' must be an object of token ids (strings of digits) to numbers, "
-                             "such as {\"50256\": -100}, got {\"x\": 1}"),
+    ("logit_bias", {"x": 1}, "field 'logit_bias' keys must be token ids in decimal digits, got 'x'"),
     ("stop", 5, "field 'stop' must be a string or a list of strings, got 5"),
     ("stop", [""], "field 'stop' 0 must be 1 to 64 bytes of UTF-8, got 0: ''"),
     ("min_tokens", 9, "field 'min_tokens' must be at most --length (4), got 9"),

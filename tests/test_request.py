@@ -108,10 +108,10 @@ def test_json_fields_are_read_by_one_reader():
     for reader, value, message in [
         (request.json_stop, 5, "stop must be a string or a list of strings, got 5"),
         (request.json_stop, ["a", 1], 'stop must be a string or a list of strings, got ["a", 1]'),
-        (request.json_logit_bias, [1], 'logit_bias must be an object of token ids (strings of digits) to numbers, '
-                                       'such as {"50256": -100}, got [1]'),
-        (request.json_logit_bias, {"x": 1}, 'logit_bias must be an object of token ids (strings of digits) to '
-                                            'numbers, such as {"50256": -100}, got {"x": 1}'),
+        (request.json_logit_bias, [1], 'logit_bias must be an object of token ids to numbers: {"50256": -100}, '
+                                       'got [1]'),
+        (request.json_logit_bias, {"x": 1}, "logit_bias keys must be token ids in decimal digits, got 'x'"),
+        (request.json_logit_bias, {"+7": 1}, "logit_bias keys must be token ids in decimal digits, got '+7'"),
     ]:
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             reader(value)

@@ -45,13 +45,13 @@ class Range:
     def __str__(self):
         if self.kind is int:
             if self.high == math.inf:
-                return f"an integer >= {_shown(self.low)}"
-            return f"an integer in [{_shown(self.low)}, {_shown(self.high + 1)})"
+                return f"an integer >= {_bound(self.low)}"
+            return f"an integer in [{_bound(self.low)}, {_bound(self.high + 1)})"
         if self.high == math.inf and self.low == -math.inf:
             return "a number < inf"
         if self.high == math.inf:
-            return f"a finite number {'>=' if self.ends[0] == '[' else '>'} {_shown(self.low)}"
-        return f"a number in {self.ends[0]}{_shown(self.low)}, {_shown(self.high)}{self.ends[1]}"
+            return f"a finite number {'>=' if self.ends[0] == '[' else '>'} {_bound(self.low)}"
+        return f"a number in {self.ends[0]}{_bound(self.low)}, {_bound(self.high)}{self.ends[1]}"
 
 
 def shown(value, limit=40):
@@ -84,7 +84,7 @@ def _number(kind, value, text):
         return None
 
 
-def _shown(n):
+def _bound(n):
     """n as a range shows it: 2**31 for a power of two from 2**16, 0.5 for a float."""
     if float(n).is_integer() and n >= 2**16 and int(n) & (int(n) - 1) == 0:
         return f"2**{int(n).bit_length() - 1}"
