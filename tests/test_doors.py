@@ -2,8 +2,8 @@
 commands (`tfgpt2 interactive`), `tfgpt2 generate-batch` on both engines (local, Beam), `tfgpt2
 serve` (its HTTP app over the scheduler), the SavedModel (`generate_text`) and LiteRT give the
 same text (and the same log-probabilities, where a door reports them), each row equal to its
-prompt generated alone by the library: greedy, seeded sampling, stop strings inside a token and
-across two, penalties, a logit bias, log-probabilities.
+prompt generated alone by the library: greedy (with log-probabilities where a door reports
+them), seeded sampling, stop strings inside a token and across two, penalties with a logit bias.
 
 Affordable: the tiny model, loaded once and handed to every door that can take it (the commands
 and bulk generation load it through `load_model`, patched for the module), one app, one
@@ -18,6 +18,7 @@ import pytest
 
 from tfgpt2.encoder import get_encoder
 
+pytestmark = pytest.mark.slow  # compiles every door's programs for the tiny model
 LENGTH = 12
 PROMPTS = ["The cat sat on", "Every effort moves you"]
 
@@ -34,14 +35,17 @@ def cases(free):
     one inside a token of the first prompt's text, one across two tokens of the second's."""
     (inside_token, across), texts = free
     return {
-        "greedy": Case(PROMPTS, dict(temperature=0.0)),
+        "greedy": Case(PROMPTS, dict(temperature=0.0, logprobs=3)),
         "sampled": Case(PROMPTS[:1], dict(temperature=1.0, top_k=40, top_p=0.9, seed=7)),
         "stops": Case(PROMPTS, dict(temperature=0.0, stop=[inside_token, across])),
-        "penalties": Case(PROMPTS, dict(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.5,
-                                        frequency_penalty=0.5)),
-        "bias": Case(PROMPTS, dict(temperature=0.0, logit_bias={262: 5.0, int(texts[0][1]): -100.0})),
-        "logprobs": Case(PROMPTS, dict(temperature=0.0, logprobs=3)),
+        "controls": Case(PROMPTS, dict(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.5,
+                                       frequency_penalty=0.5, logit_bias={262: 5.0, int(texts[0][1]): -100.0})),
     }
+
+
+def without_logprobs(controls):
+    """The controls for a door that reports no log-probabilities (the text is the same)."""
+    return {k: v for k, v in controls.items() if k != "logprobs"}
 
 
 @pytest.fixture(scope="module")
@@ -81,18 +85,20 @@ def expected(tiny, enc, free):
                    for p in case.prompts] for name, case in cases(free).items()}
 
 
-def test_the_cases_show_what_they_are_for(expected, free):
+def test_the_cases_show_what_they_are_for(expected, free, tiny, enc):
     """Each case changes the text where it should: the stop strings end the texts, one inside a
-    token and one across two; penalties, the bias and sampling change the greedy text."""
+    token and one across two; the penalties with the bias, and sampling, change the greedy text;
+    the greedy case reports 3 most likely tokens per step."""
+    from tfgpt2 import generate
     (inside, across), _ = free
     greedy = [c.text for c in expected["greedy"]]
     stopped = [c.text for c in expected["stops"]]
     assert stopped[0] == greedy[0][:greedy[0].find(inside)] and stopped[1] == greedy[1][:greedy[1].find(across)]
     assert all(c.finish_reason == "stop" for c in expected["stops"])
-    for name in ("penalties", "bias"):
-        assert [c.text for c in expected[name]] != greedy, name
-    assert expected["sampled"][0].text != greedy[0]
-    assert [c.text for c in expected["logprobs"]] == greedy and len(expected["logprobs"][0].logprobs[0][1]) == 3
+    assert [c.text for c in expected["controls"]] != greedy and expected["sampled"][0].text != greedy[0]
+    assert len(expected["greedy"][0].logprobs[0][1]) == 3
+    assert generate(tiny, [enc.encode(PROMPTS[0])], LENGTH, temperature=0, stop_at_eot=True,
+                    encoder=enc)[0].text == greedy[0]  # log-probabilities change nothing
 
 
 def test_library_rows_in_one_batch_equal_each_prompt_alone(tiny, enc, free, expected):
@@ -133,7 +139,7 @@ def flags(controls):
             out += [x for text in value for x in ("--stop", text)]
         elif name == "logit_bias":
             out += [x for token, v in value.items() for x in ("--logit_bias", f"{token}={v}")]
-        elif name != "logprobs":
+        else:
             out += [f"--{name}", str(value)]
     return out
 
@@ -145,18 +151,17 @@ def test_interactive_prints_the_same_text(tiny_dir, free, expected, loaded, caps
     for name, case in cases(free).items():
         monkeypatch.setattr("sys.stdin", io.StringIO("".join(p + "\n" for p in case.prompts)))
         interactive.main(["--model_dir", tiny_dir, "--length", str(LENGTH), "--stop_at_eot", "--quiet",
-                          *flags(case.controls)])
+                          *flags(without_logprobs(case.controls))])
         printed = re.split(r"^=+ SAMPLE 1 =+\n", capsys.readouterr().out, flags=re.M)[1:]
-        assert [p.split("\n" + "=" * 80 + "\n")[0][:-1] for p in printed] == [e.text for e in expected[name]], name
+        assert [p.split("\n" + "=" * 80 + "\n")[0] for p in printed] == [e.text for e in expected[name]], name
 
 
 def bulk_lines(free):
     lines = []
     for name, case in cases(free).items():
-        if "logprobs" not in case.controls:
-            fields = dict(case.controls, stop_at_eot=True)
-            fields["logit_bias"] = {str(k): v for k, v in fields.get("logit_bias", {}).items()}
-            lines += [dict(prompt=p, case=name, **fields) for p in case.prompts]
+        fields = dict(without_logprobs(case.controls), stop_at_eot=True)
+        fields["logit_bias"] = {str(k): v for k, v in fields.get("logit_bias", {}).items()}
+        lines += [dict(prompt=p, case=name, **fields) for p in case.prompts]
     return lines
 
 
@@ -182,8 +187,7 @@ def test_generate_batch_writes_the_same_text(tiny_dir, free, expected, loaded, t
     assert generate_batch.main(argv) == 0
     files = [out] if engine == "local" else sorted(tmp_path.glob("out-*-of-*"))
     rows = [json.loads(line) for f in files for line in open(f)]
-    assert bulk_texts(rows, lines) == {name: [e.text for e in expected[name]] for name in expected
-                                       if name != "logprobs"}
+    assert bulk_texts(rows, lines) == {name: [e.text for e in rows_] for name, rows_ in expected.items()}
 
 
 # ---- the server ---------------------------------------------------------------------------
@@ -201,6 +205,7 @@ def server(tiny, enc):
 
 
 def test_the_server_answers_the_same_text_and_log_probabilities(server, enc, free, expected):
+    from tfgpt2.decoding.text import token_text
     for name, case in cases(free).items():
         body = dict(model="tiny", prompt=case.prompts, max_tokens=LENGTH, **case.controls)
         body["logit_bias"] = {str(k): v for k, v in body.get("logit_bias", {}).items()}
@@ -208,12 +213,15 @@ def test_the_server_answers_the_same_text_and_log_probabilities(server, enc, fre
         assert answer.status_code == 200, answer.text
         choices = answer.json()["choices"]
         assert [c["text"] for c in choices] == [e.text for e in expected[name]], name
-        if "logprobs" in case.controls:
+        if "logprobs" in case.controls:  # OpenAI's shape: the tokens' texts, not their ids
+            word = enc.encoding.decode_single_token_bytes
             for choice, want in zip(choices, expected[name]):
                 got = choice["logprobs"]
-                assert got["tokens"] == [enc.decode([t]) for t in want.new_tokens]
-                assert_logprobs([[(lp, [(enc.encode(w)[0], v) for w, v in top.items()])
-                                  for lp, top in zip(got["token_logprobs"], got["top_logprobs"])]], [want.logprobs])
+                assert got["tokens"] == [token_text(word(t)) for t in want.new_tokens]
+                np.testing.assert_allclose(got["token_logprobs"], [lp for lp, _ in want.logprobs], atol=1e-4)
+                for top, (_, wanted) in zip(got["top_logprobs"], want.logprobs):
+                    assert list(top) == [token_text(word(t)) for t, _ in wanted]
+                    np.testing.assert_allclose(list(top.values()), [v for _, v in wanted], atol=1e-4)
 
 
 # ---- the SavedModel and LiteRT --------------------------------------------------------------
@@ -231,10 +239,8 @@ def test_the_saved_model_gives_the_same_text(saved_model, enc, free, expected):
     import tensorflow as tf
     _, run = saved_model
     for name, case in cases(free).items():
-        if "logprobs" in case.controls:
-            continue
-        c = dict(temperature=1.0, top_k=0, top_p=1.0, seed=0, repetition_penalty=1.0, presence_penalty=0.0,
-                 frequency_penalty=0.0, **{k: v for k, v in case.controls.items() if k not in ("stop", "logit_bias")})
+        c = dict(dict(temperature=1.0, top_k=0, top_p=1.0, seed=0, repetition_penalty=1.0, presence_penalty=0.0,
+                      frequency_penalty=0.0), **without_logprobs(case.controls))
         prompts = [enc.encode(p) for p in case.prompts]
         width = max(map(len, prompts))
         ids, mask = np.zeros([len(prompts), width], np.int32), np.zeros([len(prompts), width], np.int32)
