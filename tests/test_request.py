@@ -103,7 +103,8 @@ def test_json_fields_are_read_by_one_reader():
     """The JSON shapes of "stop" and "logit_bias", as the server's protocol and a JSONL line read
     them (`json_stop`, `json_logit_bias`): a text or a list of texts; an object of token ids as
     strings of digits to numbers."""
-    assert request.json_stop("x") == "x" and request.json_stop(["a", "b"]) == ["a", "b"] and request.json_stop(None) is None
+    assert request.json_stop("x") == "x" and request.json_stop(["a", "b"]) == ["a", "b"]
+    assert request.json_stop(None) is None
     assert request.json_logit_bias({"50256": -100, "7": 1.5}) == {50256: -100, 7: 1.5}
     for reader, value, message in [
         (request.json_stop, 5, "stop must be a string or a list of strings, got 5"),
@@ -185,9 +186,12 @@ def test_the_seed_range_is_the_same_for_the_library_the_flags_and_a_jsonl_line(t
     flags = ["--length", str(length), "--seed", "5"]
     assert jsonl(tmp_path, tiny_dir, [{"prompt": text, "seed": LARGEST_SEED}], *flags) == (
         0, [dict(line=0, prompt=text, text=enc.decode(largest), tokens=largest)])
+    capsys.readouterr()
     status, _ = jsonl(tmp_path, tiny_dir, [{"prompt": text, "seed": LARGEST_SEED + 1}], *flags)
-    assert status.endswith("(line 0 counted from 0): field 'seed' must be an integer in [0, 2**63), "
-                           "got 9223372036854775808 (--skip_bad skips such lines)"), status
+    assert status.endswith("1 bad line(s) of " + str(tmp_path / "in.jsonl") + ", each named above (--skip_bad skips "
+                           "such lines)"), status
+    assert capsys.readouterr().err.endswith("(line 0 counted from 0): field 'seed' must be an integer in [0, 2**63), "
+                                            "got 9223372036854775808\n")
     status, written = jsonl(tmp_path, tiny_dir, [{"prompt": text}], "--length", str(length), "--seed",
                             str(LARGEST_SEED))
     assert status == 0 and written[0]["tokens"] == largest
@@ -236,6 +240,8 @@ def test_prompt_and_length_fit_the_window_alike_in_the_library_the_flags_and_a_j
     rows = [{"prompt": text, "seed": 1}]
     assert jsonl(tmp_path, tiny_dir, rows, "--length", str(length)) == (
         0, [dict(line=0, prompt=text, text=enc.decode(new), tokens=new)])
+    capsys.readouterr()
     status, _ = jsonl(tmp_path, tiny_dir, rows, "--length", str(length + 1))
-    assert status.endswith(f"(line 0 counted from 0): prompt of {len(context)} tokens + --length {length + 1} - 1 "
-                           f"exceeds the context window n_ctx={N_CTX} (--skip_bad skips such lines)"), status
+    assert status.endswith("each named above (--skip_bad skips such lines)"), status
+    assert capsys.readouterr().err.endswith(f"(line 0 counted from 0): prompt of {len(context)} tokens + --length "
+                                            f"{length + 1} - 1 exceeds the context window n_ctx={N_CTX}\n")

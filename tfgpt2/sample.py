@@ -115,7 +115,8 @@ def complete(model, prompts, request, *, encoder=None, text=True, jit_compile=Tr
     for found in pieces:
         pass
     if not text:
-        return [np.concatenate([p.astype(np.int32), np.asarray(new, np.int32)]) for p, new in zip(prompts, found.kept())]
+        return [np.concatenate([p.astype(np.int32), np.asarray(new, np.int32)])
+                for p, new in zip(prompts, found.kept())]
     scored = _prompt_scores(model, prompts, request.prompt_logprobs)
     return [completion(p, found.new[r], found.finish[r], found.cut[r], vocabulary.token_bytes,
                        scores=found.scores[r] if request.logprobs is not None else None,

@@ -184,7 +184,8 @@ class SignatureModel:
                        repetition_penalty=(keywords.get("repetition_penalty", 1.0), tf.float32),
                        presence_penalty=(keywords.get("presence_penalty", 0.0), tf.float32),
                        frequency_penalty=(keywords.get("frequency_penalty", 0.0), tf.float32),
-                       min_p=(keywords.get("min_p", 0.0), tf.float32), min_tokens=(keywords.get("min_tokens", 0), tf.int32),
+                       min_p=(keywords.get("min_p", 0.0), tf.float32),
+                       min_tokens=(keywords.get("min_tokens", 0), tf.int32),
                        stop_at_eot=(keywords.get("stop_at_eot", False), tf.bool),
                        include_stop_str_in_output=(keywords.get("include_stop_str_in_output", False), tf.bool))
         return dict({name: tf.constant(value, dtype) for name, (value, dtype) in scalars.items()},

@@ -165,7 +165,8 @@ def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsample
 
 FLAGS = {field: "--" + field for field in (
     "length", "context_keep", "temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "logit_bias", "stop", "min_tokens", "stop_at_eot")} | {"prompts": "--prompt"}
+    "presence_penalty", "frequency_penalty", "logit_bias", "stop", "min_tokens", "stop_at_eot")} | {
+    "prompts": "--prompt"}
 """The request's fields as the flags name them, for the request rules' messages (`decoding.request`)."""
 
 

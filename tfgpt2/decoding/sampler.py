@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
+UNROLLED = 64  # up to this many rows, each row's uniform is its own op; more rows: one loop over them
 
 
 def _order_key(x):
@@ -87,7 +88,8 @@ def _uniform(n, seed):
     (n numbers of its stream) or one pair per row [n, 2] (the first number of each row's own
     stream: what the row draws when it is generated alone)."""
     seed = tf.convert_to_tensor(seed)
-    if seed.shape.rank == 2 and seed.shape[0] is not None:  # unrolled: a loop waits for the host each step on a GPU
+    if seed.shape.rank == 2 and seed.shape[0] is not None and seed.shape[0] <= UNROLLED:
+        # unrolled: a loop waits for the host each step on a GPU
         return tf.stack([tf.random.stateless_uniform([1], seed=seed[row], alg="philox")[0]
                          for row in range(seed.shape[0])])
     if seed.shape.rank == 2:

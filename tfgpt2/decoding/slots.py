@@ -65,7 +65,8 @@ class Slots:
                       for layer in slot_cache(model, max_batch, self.length)]
         self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)
                      for layer in empty_cache(model, pool, BLOCK)]  # [pool * n_head, BLOCK, head_dim]
-        kept = lambda shape, dtype, fill=0: tf.Variable(tf.fill(shape, tf.constant(fill, dtype)), trainable=False)  # noqa: E731
+        def kept(shape, dtype, fill=0):
+            return tf.Variable(tf.fill(shape, tf.constant(fill, dtype)), trainable=False)
         self.bias = kept([max_batch, hp.n_vocab], tf.float32)
         self.counts = kept([max_batch, hp.n_vocab], tf.int32)
         self.seen = kept([max_batch, hp.n_vocab], tf.bool, False)
@@ -216,8 +217,9 @@ class Slots:
         batch = ints.shape[1]  # the first `batch` slots (every slot's blocks of the window go through the loop)
         controls = self._controls(row, seed, batch, stops)
         zeros = tf.zeros([batch, self.steps], tf.float32)
-        step_state = dict(count=row["count"], finish=tf.where(row["budget"] > 0, 0, IDLE), cut=tf.zeros_like(row["count"]),
-                          counts=self.counts.value()[:batch], seen=self.seen.value()[:batch])
+        step_state = dict(count=row["count"], finish=tf.where(row["budget"] > 0, 0, IDLE),
+                          cut=tf.zeros_like(row["count"]), counts=self.counts.value()[:batch],
+                          seen=self.seen.value()[:batch])
         if stops[1] is not None:
             step_state["recent"] = self.recent.value()[:batch, STOP_TOKENS - stops[1][1]:]
         if stops[0] is not None:
@@ -236,7 +238,8 @@ class Slots:
             spent = tf.equal(stepped["finish"], 0) & (stepped["count"] - row["count"] >= row["budget"])
             stepped["finish"] = tf.where(spent, IDLE, stepped["finish"])
             column = tf.stack([tf.range(batch), tf.fill([batch], s["j"])], axis=1)
-            chosen, top = tf.cond(tf.reduce_any(row["logprobs"] > 0), lambda: per_token.log_probabilities(logits, token),
+            chosen, top = tf.cond(tf.reduce_any(row["logprobs"] > 0),
+                                  lambda: per_token.log_probabilities(logits, token),
                                   lambda: (zeros[:, 0], tuple(t[:, 0] for t in start["top"])))
             return (dict(j=s["j"] + 1, token=tf.where(alive, token, s["token"]),
                          position=s["position"] + tf.cast(alive, tf.int32), cache=cache, step=stepped,

@@ -22,7 +22,7 @@ from . import stops as text_stops
 from .request import MAX_LOGPROBS
 from .sampler import choose
 
-LENGTH, EOT, STOP, STOP_TEXT = 1, 2, 3, 4  # why a row ended (`finish`: a stop token sequence, a stop string); 0 while it runs
+LENGTH, EOT, STOP, STOP_TEXT = 1, 2, 3, 4  # why a row ended (`finish`; STOP: a token sequence); 0: running
 ALWAYS = ("temperature", "top_k", "top_p", "seed", "length", "stop_at_eot")  # every request's, per row
 
 

@@ -76,9 +76,10 @@ def _entry(score):
 class TextStream:
     """The text of a row as its tokens arrive: `feed` its new tokens (with their log-probability
     entries, where asked) while it runs, then `finish` with its last ones and how the step ended
-    it; each returns the text that can be released and the entries that start in it. `token_bytes(id)` gives a token's bytes;
-    `stops` (the row's stop strings) hold back the end of the text while it may begin one;
-    `offset`: the characters before this text (an echoed prompt), for the entries' offsets."""
+    it; each returns the text that can be released and the entries that start in it.
+    `token_bytes(id)` gives a token's bytes; `stops` (the row's stop strings) hold back the end
+    of the text while it may begin one; `offset`: the characters before this text (an echoed
+    prompt), for the entries' offsets."""
 
     def __init__(self, token_bytes, stops=(), *, offset=0, errors="replace"):
         self.token_bytes, self.stops = token_bytes, [s.encode("utf-8") for s in stops if s]

@@ -242,8 +242,8 @@ def complete_litert(model, prompts, request, *, encoder=None, text=True, progres
     padded = np.zeros([len(prompts), max(map(len, prompts))], np.int32)
     for row, p in enumerate(prompts):
         padded[row, padded.shape[1] - len(p):] = p
-    state = per_token.begin(controls, tf.constant(padded), tf.constant(padded.shape[1] - np.array(list(map(len, prompts))),
-                                                                      tf.int32), model.n_vocab)
+    pad = tf.constant([padded.shape[1] - len(p) for p in prompts], tf.int32)
+    state = per_token.begin(controls, tf.constant(padded), pad, model.n_vocab)
     # one graph for the run (eagerly, top-k's bisection is slow)
     run = tf.function(lambda logits, state: per_token.step(logits, state, controls, filters=filters,
                                                            top=request.logprobs), autograph=False)
@@ -265,7 +265,8 @@ def complete_litert(model, prompts, request, *, encoder=None, text=True, progres
                   for row, cache in enumerate(caches)]
     finish, cut = state["finish"].numpy(), state["cut"].numpy()
     if not text:
-        return [np.concatenate([p, np.asarray(token_row(n, f, c), np.int64)]) for p, n, f, c in zip(prompts, new, finish, cut)]
+        return [np.concatenate([p, np.asarray(token_row(n, f, c), np.int64)])
+                for p, n, f, c in zip(prompts, new, finish, cut)]
     return [completion(p, n, f, c, vocabulary.token_bytes, scores=s if request.logprobs is not None else None)
             for p, n, f, c, s in zip(prompts, new, finish, cut, scores)]
 

@@ -118,10 +118,10 @@ class Serving(tf.Module):
         self._layouts = layouts.usable(model)
         self._stop_at_eot, self._eot = stop_at_eot, eot
         vocabulary = vocabulary or Vocabulary.of(default_encoder())
-        # the tokens' bytes: stop strings are matched on them, and the text is made of them
-        self.vocabulary = {"bytes": tf.Variable(vocabulary.bytes, trainable=False),
-                           "lengths": tf.Variable(vocabulary.lengths, trainable=False),
-                           "text": tf.Variable(tf.constant(vocabulary.items), trainable=False)}
+        # the tokens' bytes, once (as strings: a byte matrix would be 16 times their size): stop
+        # strings are matched on them, and the text is made of them
+        self.vocabulary = tf.Variable(tf.constant(vocabulary.items), trainable=False)
+        self._longest = int(vocabulary.lengths.max())
 
     @tf.function(input_signature=[IDS], autograph=False)
     def logits(self, input_ids):
@@ -201,7 +201,9 @@ class Serving(tf.Module):
             controls["stop_ids"] = aligned_stops(stop_ids)
         if strings is not None:
             controls["stops"], controls["stop_lengths"] = _stop_bytes(strings)
-            controls["vocabulary"] = (self.vocabulary["bytes"].value(), self.vocabulary["lengths"].value())
+            tokens = self.vocabulary.value()
+            controls["vocabulary"] = (tf.io.decode_raw(tokens, tf.uint8, fixed_length=self._longest),
+                                      tf.strings.length(tokens))
         if "min_tokens" in controls:
             single = tf.reduce_sum(tf.cast(controls["stop_ids"] >= 0, tf.int32), -1) == 1 if stop_ids is not None \
                 else tf.zeros([rows, 0], tf.bool)
@@ -218,12 +220,13 @@ class Serving(tf.Module):
         kept = tf.where(finish == per_token.STOP, count - cut, count)
         in_text = tf.where(finish == per_token.EOT, kept - 1, kept)
         width = tf.shape(new)[1]
-        sizes = tf.where(tf.range(width)[None] < in_text[:, None], tf.gather(self.vocabulary["lengths"], new), 0)
+        tokens = self.vocabulary.value()
+        sizes = tf.where(tf.range(width)[None] < in_text[:, None], tf.gather(tf.strings.length(tokens), new), 0)
         total = tf.reduce_sum(sizes, 1)
         end = tf.where(finish == per_token.STOP_TEXT, total - cut, total)
         whole = tf.math.cumsum(sizes, 1) <= end[:, None]
         kept = tf.where(finish == per_token.STOP_TEXT, tf.reduce_sum(tf.cast(whole & (sizes > 0), tf.int32), 1), kept)
-        pieces = tf.where(sizes > 0, tf.gather(self.vocabulary["text"], new), "")
+        pieces = tf.where(sizes > 0, tf.gather(tokens, new), "")
         return tf.strings.substr(tf.strings.reduce_join(pieces, 1), tf.zeros_like(end), end), kept
 
     def _loop(self, max_new_tokens, args):

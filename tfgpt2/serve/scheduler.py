@@ -68,11 +68,13 @@ class Sequence:
 
 
 class Scheduler:
-    """Runs sequences on `max_batch` slots of `model`: `submit`, `cancel`, and `run` in a thread of its own until `close`. At most `max_queue`
-    sequences wait for a slot (`submit` raises QueueFull past that). `chunk`: the longest prefill
-    chunk; `steps`: the most tokens a decode call makes while no prompt is waiting to be prefilled
-    (more amortize the host's work per call, fewer let new requests in sooner); `prefix_blocks`:
-    the blocks of the prefix cache's pool (0: no prefix cache)."""
+    """Runs sequences on `max_batch` slots of `model`: `submit`, `cancel`, and `run` in a thread
+    of its own until `close`. At most `max_queue` sequences wait for a slot (`submit` raises
+    QueueFull past that). `chunk`: the longest prefill chunk; `steps`: the most tokens a decode
+    call makes while no prompt is waiting to be prefilled (more amortize the host's work per
+    call, fewer let new requests in sooner); `prefix_blocks`: the blocks of the prefix cache's
+    pool (0: no prefix cache); `vocabulary` (a `decoding.stops.Vocabulary`): the token bytes that
+    stop strings are matched on."""
 
     def __init__(self, model, *, max_batch, max_queue, chunk=64, steps=1, eot, prefix_blocks=0, vocabulary=None):
         self.n_ctx, self.n_vocab, self.eot = model.hparams.n_ctx, model.hparams.n_vocab, eot
