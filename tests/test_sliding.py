@@ -152,8 +152,11 @@ def test_the_commands_slide_with_context_keep(tiny, tiny_dir, tmp_path, capsys, 
     src.write_text(json.dumps({"prompt": text}) + "\n")
     argv = ["--model_dir", tiny_dir, "--input", str(src), "--output", str(out), "--length", "80",
             "--temperature", "0", "--batch_size", "1", "--quiet"]
-    assert generate_batch.main(argv, tiny) == f"error: {src}:1 (line 0 counted from 0): prompt of 6 tokens + " \
-        "--length 80 - 1 exceeds the context window n_ctx=64 (--skip_bad skips such lines)"
+    capsys.readouterr()
+    assert generate_batch.main(argv, tiny) == f"error: 1 bad line(s) of {src}, each named above (--skip_bad skips " \
+        "such lines)"
+    assert capsys.readouterr().err == f"{src}:1 (line 0 counted from 0): prompt of 6 tokens + --length 80 - 1 " \
+        "exceeds the context window n_ctx=64\n"
     assert generate_batch.main(argv + ["--context_keep", "20"], tiny) == 0
     assert [json.loads(line)["tokens"] for line in open(out)] == [expected]
     assert generate_batch.main(argv + ["--context_keep", "64"], tiny) == \
