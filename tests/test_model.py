@@ -10,7 +10,8 @@ from tfgpt2.decoding.cache import padded_mask
 from tfgpt2.hparams import default_hparams
 from tfgpt2 import model as model_module
 from tfgpt2.formats.variables import variable_shapes
-from tfgpt2.model import attn_probs, gelu, normalize, past_shape, window_loss
+from tfgpt2.model import attn_probs, gelu, normalize, past_shape
+from tfgpt2.train.losses import window_loss
 from tfgpt2.sample import sample_sequence
 from tfgpt2.testing.reference import Reference
 

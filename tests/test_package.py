@@ -25,8 +25,8 @@ from tfgpt2.testing.checkpoints import make_checkpoint
 # What TensorFlow writes to descriptor 2 as it starts, and its C++ log lines in general
 TF_STARTUP = re.compile(r"absl::InitializeLog|cudart_stub|cpu_feature_guard|cuInit|oneDNN|"
                         r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
-SUBPACKAGES = ["tfgpt2", "tfgpt2.bulk", "tfgpt2.cli", "tfgpt2.decoding", "tfgpt2.formats", "tfgpt2.serve",
-               "tfgpt2.testing", "tfgpt2.train"]
+SUBPACKAGES = ["tfgpt2", "tfgpt2.adapters", "tfgpt2.bulk", "tfgpt2.cli", "tfgpt2.decoding", "tfgpt2.formats",
+               "tfgpt2.serve", "tfgpt2.testing", "tfgpt2.train"]
 
 README = (ROOT / "README.md").read_text()
 

@@ -14,7 +14,7 @@ import keras
 
 import tfgpt2
 from tfgpt2.cli import train as train_cli
-from tfgpt2.model import token_losses, window_loss
+from tfgpt2.train.losses import token_losses, window_loss
 from tfgpt2.train import data, loop, optimizers, run_folder
 from tfgpt2.train.optimizers import make_optimizer
 from tfgpt2.train.step import Trainer

@@ -1,6 +1,6 @@
 """What `GPT2` takes, checked before anything is gathered: token ids (`as_token_ids`, and
-`in_vocabulary`, the one rule for a valid token id, which every entry point asks), `past`
-(`check_past`) and positions (`check_inputs`)."""
+`in_vocabulary`, the one rule for a valid token id, which every entry point asks; `TokenIds`,
+GPT2's `__call__` on lists and arrays), `past` (`check_past`) and positions (`check_inputs`)."""
 import keras
 import numpy as np
 import tensorflow as tf
@@ -39,6 +39,15 @@ def as_token_ids(X):
     if X.shape.rank is not None and X.shape.rank != 2:
         raise ValueError(f"token ids must be [batch, time], got shape {X.shape.as_list()}")
     return X
+
+
+class TokenIds:
+    """`model(X, past)` takes token ids and `past` as lists or arrays too."""
+
+    def __call__(self, X, past=None, **kwargs):
+        if past is not None and not isinstance(past, keras.KerasTensor):
+            past = tf.convert_to_tensor(past)
+        return super().__call__(as_token_ids(X), past, **kwargs)
 
 
 def check_past(past, expected):

@@ -8,7 +8,7 @@ import difflib
 import math
 import os
 
-from ..adapters import LORA_TARGETS
+from ..adapters.lora import LORA_TARGETS
 from ..ranges import Range
 from ..seeds import SEEDS
 from .data import check_encoding

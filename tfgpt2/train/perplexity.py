@@ -10,7 +10,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from ..model import token_losses
+from .losses import token_losses
 
 
 def windows(n_tokens, n_ctx, stride):

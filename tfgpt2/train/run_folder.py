@@ -14,7 +14,7 @@ import socket
 
 import tensorflow as tf
 
-from ..adapters import LORA_TARGETS
+from ..adapters.lora import LORA_TARGETS
 from ..encoder import VOCAB_FILES
 from ..formats.checkpoint import checkpoint_prefix, save_tensors
 from ..formats.files import copy_file, write_text

@@ -5,7 +5,7 @@ import os
 import keras
 import tensorflow as tf
 
-from ..model import lm_loss, window_loss
+from .losses import lm_loss, window_loss
 from . import data, distribute
 
 

@@ -1,17 +1,10 @@
-"""LoRA adapters and int8 quantization for `model.py`'s layers, as mixins its classes inherit
-(`Conv1DAdapters` for Conv1D, `GPT2Adapters` for GPT2), so that the layers read as the
-original's.
-
-Both follow Keras's own: a Conv1D takes `enable_lora` as Keras's Dense does, and
-`model.quantize("int8")` reaches it as it reaches a Dense (`quantize`, `quantized_build`,
-`_int8_call`); GPT2 takes `enable_lora` as KerasHub's backbones do. Keras's layer API for
-these is partly private (`_tracker`, `_int8_call`, `_flatten_layers`): it is used here only.
-"""
+"""LoRA adapters: on Conv1D as Keras' `Dense.enable_lora`, on GPT2 as KerasHub's backbones'
+`enable_lora` (recorded in `lora` and in the config)."""
 import keras
 import numpy as np
 import tensorflow as tf
 
-from .products import matmul
+from ..products import matmul
 
 LORA_TARGETS = ("c_attn",)
 """`GPT2.enable_lora`'s default: each block's fused query, key and value projection (docs/finetuning.md, LoRA)."""
@@ -22,16 +15,10 @@ def _check_rank(rank, where=""):
         raise ValueError(f"{where}the LoRA rank must be an integer >= 1, got {rank!r}")
 
 
-class Conv1DAdapters:
-    """Conv1D's LoRA adapters and int8 weights.
+class LoRA:
+    """Conv1D's adapters: `enable_lora` freezes `w`, and each call adds (lora_alpha / rank) x A B
+    to the layer's output (`lora_output`)."""
 
-    `enable_lora`: `w` frozen, and (lora_alpha / rank) x A B added to the output
-    (`lora_output`). `quantize("int8")`: `w` becomes int8 with a float32 `w_scale` [nf]
-    (127 / each column's abs max), and each product quantizes its input rows likewise
-    (`_int8_call`). The float weights keep the checkpoint's names."""
-
-    # the variables a `.keras` file stores, in order, per quantization mode
-    STORED = {None: ("w", "b"), "int8": ("w", "b", "w_scale")}
     lora_enabled = False
 
     def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform", b_initializer="zeros"):
@@ -59,63 +46,19 @@ class Conv1DAdapters:
         a, b = (tf.cast(v, x.dtype) for v in (self.lora_kernel_a, self.lora_kernel_b))
         return matmul(matmul(x, a, tf32=self.tf32), b, tf32=self.tf32) * (self.lora_alpha / self.lora_rank)
 
-    def quantize(self, mode=None, type_check=True, config=None):
-        if type_check and Conv1DAdapters not in type(self).__bases__:  # Conv1D itself, not a subclass
-            raise self._not_implemented_error(self.quantize)
-        if mode != "int8":
-            raise self._quantization_mode_error(mode)
-        if self.lora_enabled:
-            raise ValueError(f"{self.name}: a layer with LoRA adapters cannot be quantized; merge them first "
-                             "(save the run's merged model-<step> and load it)")
-        w, scale = keras.quantizers.abs_max_quantize(self.w.numpy(), axis=1, to_numpy=True)
-        # Keras' `del self.w` runs a full gc.collect() (for other backends' device buffers): one
-        # per layer, seconds each in a process holding much; TensorFlow frees the variable as
-        # its last reference goes
-        self._untrack_variable(self.w)
-        super(keras.layers.Layer, self).__delattr__("w")
-        self.quantized_build(None, mode)
-        self.w.assign(w)
-        self.w_scale.assign(np.reshape(scale, [self.nf]))
-        self.dtype_policy = keras.dtype_policies.get(f"{mode}_from_{self.dtype_policy.name}")
-
-    def quantized_build(self, input_shape, mode):
-        if mode != "int8":
-            raise self._quantization_mode_error(mode)
-        self.w = self.add_weight(name="w", shape=[1, self.nx, self.nf], initializer="zeros", dtype="int8",
-                                 trainable=False)
-        self.w_scale = self.add_weight(name="w_scale", shape=[self.nf], initializer="ones", trainable=False)
-        self._is_quantized = True
-
-    def _int8_call(self, x):
-        """x @ w in int8 (x's rows quantized as w's columns), rescaled to the compute dtype."""
-        x_int8, x_scale = keras.quantizers.abs_max_quantize(tf.reshape(x, [-1, self.nx]), axis=-1)
-        y = tf.cast(keras.ops.matmul(x_int8, tf.reshape(self.w, [self.nx, self.nf])), self.compute_dtype)
-        y = y / (tf.cast(x_scale, self.compute_dtype) * tf.cast(self.w_scale, self.compute_dtype))
-        y = tf.reshape(y + self.b, tf.concat([tf.shape(x)[:-1], [self.nf]], 0))
-        y.set_shape(x.shape[:-1].concatenate([self.nf]))  # the static shape, where known
-        return y
-
-    def stored(self):
-        """The names of the variables a `.keras` file stores, in order: the weights of the
-        quantization mode, then the LoRA adapters where enabled."""
-        return self.STORED[self.quantization_mode] + ("lora_kernel_a", "lora_kernel_b") * self.lora_enabled
-
-    def save_own_variables(self, store):
-        for i, name in enumerate(self.stored()):
-            store[str(i)] = getattr(self, name)
-
-    def load_own_variables(self, store):
-        names = self.stored()
-        if len(store.keys()) != len(names):
-            raise ValueError(f"layer {self.path}: the file holds {len(store.keys())} variables, "
-                             f"this {self.quantization_mode or 'float'} layer {len(names)} ({', '.join(names)})")
-        for i, name in enumerate(names):
-            getattr(self, name).assign(store[str(i)])
+    def __call__(self, x, *args, **kwargs):
+        """The layer's output, plus its adapters' share where enabled."""
+        y = super().__call__(x, *args, **kwargs)
+        if not self.lora_enabled or isinstance(y, keras.KerasTensor):
+            return y
+        with tf.name_scope(self.name):
+            lora = self.lora_output(tf.reshape(tf.cast(x, y.dtype), [-1, self.nx]))
+            return y + tf.ensure_shape(tf.reshape(lora, tf.shape(y)), y.shape)
 
 
-class GPT2Adapters:
-    """GPT2's LoRA adapters (`enable_lora`, recorded in `lora` and in the config) and the config
-    of a quantized model (`with_quantized_dtype`)."""
+class LoRAModel:
+    """GPT2's adapters: `enable_lora` on the Conv1D layers it names, recorded in `lora` and in
+    the config (`from_config` enables them again)."""
 
     lora = None  # `enable_lora`'s arguments, once enabled
 
@@ -162,12 +105,14 @@ class GPT2Adapters:
             conv.enable_lora(rank, lora_alpha, keras.initializers.HeUniform(None if seed is None else seed + i))
         self.lora = {"rank": int(rank), "alpha": adapted[0].lora_alpha, "targets": list(targets)}
 
-    def with_quantized_dtype(self, config):
-        """`config` with, where layers are quantized, the dtype as a `DTypePolicyMap` naming each
-        one's policy by its path, so that loading builds them quantized (as KerasHub's backbones)."""
-        quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers() if layer.quantization_mode}
-        if quantized:
-            policy = self.dtype_policy
-            base = policy.default_policy if isinstance(policy, keras.dtype_policies.DTypePolicyMap) else policy
-            config["dtype"] = keras.dtype_policies.serialize(keras.dtype_policies.DTypePolicyMap(base, quantized))
-        return config
+    def get_config(self):
+        return {**super().get_config(), **({"lora": self.lora} if self.lora else {})}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        lora = config.pop("lora", None)
+        model = super().from_config(config, custom_objects)
+        if lora:
+            model.enable_lora(lora["rank"], lora["targets"], lora_alpha=lora["alpha"])
+        return model

@@ -1,0 +1,127 @@
+"""tfgpt2/decoding/cache.py, the declared second forward pass: `call_with_cache` (left-padded
+rows, the whole batch's loop and LiteRT's) and `call_with_slots` (the server's slots, each row at
+a position of its own, across cache blocks) give `GPT2.call`'s logits, for each option of the
+layers (LoRA, int8, bfloat16, an untied head) and each weight layout (`layouts`), at a prompt
+and at the step after it."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import prompts_for
+from tfgpt2.decoding import layouts as layout
+from tfgpt2.decoding.cache import BLOCK, call_with_cache, call_with_slots, empty_cache, slot_cache
+from tfgpt2.hparams import default_hparams
+from tfgpt2.model import GPT2
+
+HPARAMS = dict(n_vocab=300, n_ctx=2 * BLOCK, n_embd=32, n_head=4, n_layer=2)
+PROMPTS = prompts_for(3, [BLOCK + 2, 5], n_vocab=300)  # the first crosses a cache block
+NEXT = [[7], [11]]  # one more token per row
+# max |cache - call| / max |call| over the logits: float32 differs by the order of its sums
+# only; bfloat16 by its rounding of the same products taken in blocks (measured: at most 6e-7
+# and 1.1e-2, at logits of about 2.5)
+TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}
+
+
+def model_with(option):
+    """A model of HPARAMS, weights of std 0.3 (0.1 for the matrices LoRA adds to), with the option."""
+    model = GPT2(default_hparams().override_from_dict(HPARAMS), tie_embeddings=option != "untied",
+                 dtype="bfloat16" if option == "bfloat16" else None)
+    rng = np.random.default_rng(0)
+    for v in model.weights:
+        v.assign(tf.cast(rng.standard_normal(v.shape) * 0.3, v.dtype))
+    if option == "lora":
+        model.enable_lora(2, ["c_attn", "c_fc", "mlp/c_proj"], seed=1)
+        for name, conv in model.conv1d_layers():
+            if conv.lora_enabled:
+                conv.lora_kernel_b.assign(tf.cast(rng.standard_normal(conv.lora_kernel_b.shape) * 0.1, tf.float32))
+    if option == "int8":
+        model.quantize("int8")
+    return model
+
+
+def assert_close(actual, expected, dtype, what):
+    scale = np.abs(expected).max()
+    assert scale > 1, f"{what}: logits too small to compare"
+    assert np.abs(np.asarray(actual, np.float32) - expected).max() <= TOLERANCE[dtype] * scale, what
+
+
+def weights(model, name):
+    """The layouts `name` of the model's blocks, or None (the layers' own products)."""
+    return {"own": lambda model: None, "split": layout.split, "transposed": layout.transposed}[name](model)
+
+
+OPTIONS = ("float32", "lora", "int8", "bfloat16", "untied")
+# Each option with the layers' own products; the layouts (which int8 weights do not take, and
+# for which the head is not a block weight) with the options that change the block products
+CASES = [(option, "own") for option in OPTIONS] + [(option, "split") for option in ("float32", "lora", "bfloat16")] + [
+    pytest.param((option, "transposed"), marks=pytest.mark.slow, id=f"{option}-transposed")  # XLA: compiles
+    for option in ("float32", "lora")]
+
+
+@pytest.fixture(scope="module")
+def model_for():
+    """option -> its model, made once for the file."""
+    models = {}
+
+    def get(option):
+        if option not in models:
+            models[option] = model_with(option)
+        return models[option]
+    return get
+
+
+def pick(values, rows):
+    return tf.constant([values[i] for i in rows])
+
+
+def expected_logits(model):
+    """GPT2.call's logits of each prompt and its next token, every position: [T + 1, n_vocab] each."""
+    return [model(np.array([row + next_]))["logits"].numpy()[0] for row, next_ in zip(PROMPTS, NEXT)]
+
+
+@pytest.mark.parametrize("case", CASES, ids="-".join)
+def test_call_with_cache_is_gpt2_call(model_for, case):
+    """Two rows, the shorter left-padded, read whole, then a token each (`split` is for one row:
+    there the rows go one at a time). Eagerly (no compile), but for `transposed`, which needs
+    XLA (where the loops run them all)."""
+    name, layouts = case
+    model = model_for(name)
+    w = weights(model, layouts)
+    longest = max(map(len, PROMPTS))
+    pad = [longest - len(row) for row in PROMPTS]
+    padded = [[0] * p + row for p, row in zip(pad, PROMPTS)]
+
+    def run(rows):
+        prompt, cache = call_with_cache(model, pick(padded, rows), empty_cache(model, len(rows), 2 * BLOCK), 0,
+                                        pad=pick(pad, rows), layouts=w)
+        return prompt, call_with_cache(model, pick(NEXT, rows), cache, longest, pad=pick(pad, rows), layouts=w)[0]
+    run = tf.function(run, jit_compile=True) if layouts == "transposed" else run
+    expected, dtype = expected_logits(model), "bfloat16" if name == "bfloat16" else "float32"
+    for rows in [[0], [1]] if layouts == "split" else [[0, 1]]:
+        prompt, step = run(rows)
+        for j, i in enumerate(rows):
+            assert_close(prompt[j].numpy(), expected[i][-2], dtype, f"{name}, {layouts}: row {i}'s prompt")
+            assert_close(step[j].numpy(), expected[i][-1], dtype, f"{name}, {layouts}: row {i}'s next token")
+
+
+@pytest.mark.slow  # XLA: a slot's write past a block is dropped by XLA alone
+@pytest.mark.parametrize("name", OPTIONS)
+def test_call_with_slots_is_gpt2_call(model_for, name):
+    """The first prompt read into the second slot across the first cache block (every
+    position's logits), then a step of two rows at positions of their own: that prompt's next
+    token, and the second prompt's first token at position 0 of the first slot."""
+    model = model_for(name)
+    first, second = PROMPTS[0], PROMPTS[1][:1]
+
+    @tf.function(jit_compile=True)
+    def run():
+        prompt, cache = call_with_slots(model, tf.constant([first]), slot_cache(model, 2, 2 * BLOCK),
+                                        tf.constant([0]), window=2 * BLOCK, slot=tf.constant([1]), every_position=True)
+        step, _ = call_with_slots(model, tf.constant([NEXT[0], second]), cache, tf.constant([len(first), 0]),
+                                  window=2 * BLOCK, slot=tf.constant([1, 0]))
+        return prompt[0], step
+    prompt, step = run()
+    expected, dtype = expected_logits(model)[0], "bfloat16" if name == "bfloat16" else "float32"
+    assert_close(prompt.numpy(), expected[:-1], dtype, f"{name}: the prompt")
+    assert_close(step[0].numpy(), expected[-1], dtype, f"{name}: its next token")
+    assert_close(step[1].numpy(), model(np.array([second]))["logits"].numpy()[0, 0], dtype, f"{name}: a first token")
