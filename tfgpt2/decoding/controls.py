@@ -22,6 +22,11 @@ from ..inputs import in_vocabulary
 from .request import BANNED, in_range, require
 
 
+PENALTIES = {"repetition": "repetition_penalty", "presence": "presence_penalty", "frequency": "frequency_penalty"}
+"""The penalties' keys in the controls, and the request's fields they come from."""
+OFF = {"repetition": 1.0, "presence": 0.0, "frequency": 0.0}  # each penalty's value that leaves the logits alone
+
+
 def assert_controls(controls, n_vocab):
     """The checks of the controls in `controls` (user-side names in the messages): stop
     sequences as `aligned_stops` takes them, padded with -1 at the end of each."""
@@ -34,9 +39,9 @@ def assert_controls(controls, n_vocab):
             in_range("logit_bias", bias, "logit_bias values"),
             require(tf.reduce_any(bias > BANNED, axis=-1), "logit_bias bans every token"),
         ]
-    for key in ("repetition", "presence", "frequency"):
+    for key, field in PENALTIES.items():
         if key in controls:
-            checks.append(in_range(f"{key}_penalty", controls[key]))
+            checks.append(in_range(field, controls[key]))
     for key in ("min_p", "min_tokens"):
         if key in controls:
             checks.append(in_range(key, controls[key]))

@@ -39,7 +39,7 @@ from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS
 STOP_TOKENS = 16  # the longest stop token sequence a slot holds
 INTS = ("token", "position", "budget", "count", "length", "top_k", "logprobs", "biased", "stop_at_eot",
         "min_tokens", "include_stop")  # `decode`'s int32 rows
-FLOATS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")  # its float32 rows
+FLOATS = ("temperature", "top_p", "min_p", *control.PENALTIES)  # its float32 rows
 IDLE = -1  # `finish` of a row that makes no token in a call (no budget, or its budget spent)
 
 
@@ -263,11 +263,11 @@ class Slots:
         variables; the stops' only where `stops` (their shapes) says a row has some."""
         controls = dict(temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"], seed=seed,
                         length=row["length"], stop_at_eot=row["stop_at_eot"] > 0, eot=tf.constant(self.eot, tf.int32),
-                        min_p=row["min_p"], bias=self.bias.value()[:batch], repetition=row["repetition"],
-                        presence=row["presence"], frequency=row["frequency"], min_tokens=row["min_tokens"],
+                        min_p=row["min_p"], bias=self.bias.value()[:batch], min_tokens=row["min_tokens"],
                         ends=self.ends.value()[:batch], include_stop=row["include_stop"] > 0,
-                        adjusting=tf.reduce_any((row["biased"] > 0) | (row["repetition"] != 1) | (row["presence"] != 0)
-                                                | (row["frequency"] != 0)))  # else the logits stay as they are
+                        **{key: row[key] for key in control.PENALTIES})
+        used = [row["biased"] > 0] + [row[key] != off for key, off in control.OFF.items()]
+        controls["adjusting"] = tf.reduce_any(tf.stack(used))  # else the logits stay as they are
         texts, ids = stops
         if ids is not None:
             controls["stop_ids"] = self.stop_ids.value()[:batch, :ids[0], STOP_TOKENS - ids[1]:]

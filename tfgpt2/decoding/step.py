@@ -39,12 +39,14 @@ def controls_for(requests, n_vocab, vocabulary=None):
             for token, value in r.logit_bias:
                 bias[row, token] = value
         controls["bias"] = tf.constant(bias)
-    for field, key, off in (("repetition_penalty", "repetition", 1.0), ("min_p", "min_p", 0.0)):
-        if any(getattr(r, field) != off for r in requests):
-            controls[key] = tf.constant([getattr(r, field) for r in requests], tf.float32)
-    if any(r.presence_penalty or r.frequency_penalty for r in requests):  # one control, as OpenAI's formula
-        for key in ("presence", "frequency"):
-            controls[key] = tf.constant([getattr(r, key + "_penalty") for r in requests], tf.float32)
+    used = {key for key, field in control.PENALTIES.items() if any(getattr(r, field) != control.OFF[key]
+                                                                    for r in requests)}
+    if {"presence", "frequency"} & used:  # one control, as OpenAI's formula
+        used |= {"presence", "frequency"}
+    for key in sorted(used):
+        controls[key] = tf.constant([getattr(r, control.PENALTIES[key]) for r in requests], tf.float32)
+    if any(r.min_p for r in requests):
+        controls["min_p"] = tf.constant([r.min_p for r in requests], tf.float32)
     controls.update(_stop_controls(requests, vocabulary))
     return controls, (any(r.top_k for r in requests), any(r.top_p < 1 for r in requests))
 

@@ -50,7 +50,7 @@ import tensorflow as tf
 from ..decoding import layouts
 from ..decoding import step as per_token
 from ..decoding.buckets import bucket_sizes
-from ..decoding.controls import aligned_stops, assert_controls
+from ..decoding.controls import PENALTIES, aligned_stops, assert_controls
 from ..decoding.generator import Generator
 from ..decoding.request import MAX_STOP_BYTES, MAX_STOPS, assert_request, require
 from ..decoding.stops import Vocabulary
@@ -64,8 +64,7 @@ from .files import new_folder
 
 SCALARS = {"max_new_tokens": tf.int32, "temperature": tf.float32, "top_k": tf.int32,
            "top_p": tf.float32, "seed": tf.int64}
-CONTROLS = {"logit_bias": ("bias", tf.float32, 1), "repetition_penalty": ("repetition", tf.float32, 0),
-            "presence_penalty": ("presence", tf.float32, 0), "frequency_penalty": ("frequency", tf.float32, 0),
+CONTROLS = {"logit_bias": ("bias", tf.float32, 1), **{field: (key, tf.float32, 0) for key, field in PENALTIES.items()},
             "min_p": ("min_p", tf.float32, 0), "stop": ("stop_ids", tf.int32, 2)}  # name: (key, dtype, rank of a row's)
 TEXT = {"stop_strings": tf.string, "min_tokens": tf.int32, "stop_at_eot": tf.bool,
         "include_stop_str_in_output": tf.bool}  # `generate_text`'s inputs past `generate_with_controls`

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..decoding.buckets import bucket
 from ..decoding.cache import BLOCK, blocks_for
+from ..decoding.controls import PENALTIES
 from ..decoding.prefix import PrefixCache
 from ..decoding.slots import FLOATS, IDLE, INTS, Slots, wider
 
@@ -178,8 +179,7 @@ class Scheduler:
         """The slot's values for the sequence's request: sampling, seed, bias row, counts, seen
         prompt, stops."""
         r, slot = sequence.request, sequence.slot
-        self.floats[:, slot] = [r.temperature, r.top_p, r.min_p, r.repetition_penalty, r.presence_penalty,
-                                r.frequency_penalty]
+        self.floats[:, slot] = [getattr(r, PENALTIES.get(name, name)) for name in FLOATS]
         self.ints[:, slot] = [r.top_k, r.length, sequence.logprobs, bool(r.logit_bias), r.stop_at_eot, r.min_tokens,
                               r.include_stop_str_in_output]
         self.seed[slot] = r.seed
