@@ -277,6 +277,11 @@ def test_make_checkpoint_replaces_no_folder_and_guesses_no_size(tmp_path, capsys
     assert make_checkpoint.main(["124M", "--models_dir", str(models), "--hparams", tiny, "--overwrite",
                                  "--quiet"]) == 0
     assert json.loads((models / "124M" / "hparams.json").read_text())["n_embd"] == 8
+    for seed in ("-1", str(2**63)):  # the seed's one range (tfgpt2.seeds), as the library's
+        with pytest.raises(SystemExit) as exit:
+            make_checkpoint.main(["124M", "--models_dir", str(models), "--seed", seed])
+        assert exit.value.code == 2
+        assert f"argument --seed: must be an integer in [0, 2**63), got '{seed}'" in capsys.readouterr().err
 
 
 def test_encode_writes_a_file_not_a_folder_and_replaces_nothing(tmp_path, capsys):
