@@ -146,7 +146,7 @@ def test_defaults_leave_the_loop_as_it_was(tiny, monkeypatch):
             rows = prompt.shape[0]
             return dict(tokens=tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1), count=tf.fill([rows], length),
                         finish=tf.fill([rows], 1), cut=tf.zeros([rows], tf.int32))
-    monkeypatch.setattr("tfgpt2.sample.generator_for", lambda *args, **kwargs: Loop())
+    monkeypatch.setattr("tfgpt2.decoding.batch.generator_for", lambda *args, **kwargs: Loop())
     generate(tiny, [[1, 2]], 3, seed=0, logit_bias={}, repetition_penalty=1, presence_penalty=0,
              frequency_penalty=0.0, min_p=0, stop=[], stop_token_ids=[], min_tokens=0,
              include_stop_str_in_output=False)

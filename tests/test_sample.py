@@ -20,7 +20,7 @@ from tfgpt2.decoding.cache import call_with_cache, empty_cache, project
 from tfgpt2.decoding.layouts import SPLIT_K, transpose_pays
 from tfgpt2.decoding.generator import Generator, generator_for
 from tfgpt2.decoding.buckets import bucket_sizes
-from tfgpt2 import sample as sample_module
+from tfgpt2.decoding import batch as whole_batch
 from tfgpt2.decoding import step
 from tfgpt2.decoding.request import check_request
 from tfgpt2.decoding.sampler import choose
@@ -282,7 +282,7 @@ def test_filters_a_request_cannot_use_are_left_out(tiny, loop_graph, monkeypatch
     both, neither = while_loops(loop_graph(1, 5)), while_loops(loop_graph(1, 5, (False, False)))
     assert neither == 1 < both, (neither, both)
     asked = Asked()
-    monkeypatch.setattr(sample_module, "generator_for", lambda *args, **kwargs: asked)
+    monkeypatch.setattr(whole_batch, "generator_for", lambda *args, **kwargs: asked)
     for kwargs in ({}, dict(top_k=40), dict(top_p=0.9), dict(top_k=1, top_p=0.5)):
         generate(tiny, [[1, 2]], 3, seed=0, **kwargs)
     assert asked.filters == [(False, False), (True, False), (False, True), (True, True)], asked.filters
@@ -615,7 +615,7 @@ def test_bad_input(tiny, prompts, length, kwargs, message):
 def test_sample_sequence_api(tiny, monkeypatch):
     """The original's signature: start_token and batch_size, or a context (ragged: a list of
     rows); the loop itself replaced by `Asked` (test_sample_sequence_generates runs it)."""
-    monkeypatch.setattr(sample_module, "generator_for", lambda *args, **kwargs: Asked())
+    monkeypatch.setattr(whole_batch, "generator_for", lambda *args, **kwargs: Asked())
     out = sample_sequence(model=tiny, length=6, start_token=50256, batch_size=3, top_k=1)
     assert out.shape == (3, 7) and (out[:, 0] == 50256).all()
     ragged = sample_sequence(model=tiny, length=4, context=[[1, 2], [3]], top_k=1)
@@ -652,7 +652,7 @@ def test_refused_request_returns_at_once(tiny, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("reached after the checks")
     for name in ("bucket_sizes", "generator_for"):
-        monkeypatch.setattr(sample_module, name, never)
+        monkeypatch.setattr(whole_batch, name, never)
     with pytest.raises(ValueError, match=r"length must be an integer in \[1, 2\*\*31\), got 2147483648"):
         generate(tiny, [[10, 20]], 2**31)
 

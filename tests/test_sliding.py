@@ -1,4 +1,4 @@
-"""Generation past the context window (`tfgpt2.sample._sliding`): the first window is today's
+"""Generation past the context window (`tfgpt2.decoding.batch._sliding`): the first window is today's
 output, then every row goes on from its last `context_keep` tokens, encoded afresh; against
 a plain NumPy loop over `model(X)`'s logits with the same sliding rule, written here."""
 import json

@@ -110,7 +110,7 @@ class FolderModel:
 
     def rows(self, requests):
         from ..decoding.request import check_request
-        from ..sample import complete
+        from ..decoding.batch import complete
         hp = self.model.hparams
         for group, prompts in batches(requests):
             request = check_request(n_vocab=hp.n_vocab, n_ctx=hp.n_ctx, length=self.length,

@@ -16,7 +16,7 @@ import time
 
 from ..decoding.request import check_request
 from ..formats.files import replacing
-from ..sample import complete
+from ..decoding.batch import complete
 from ..seeds import seed_of
 from .lines import line_keywords
 

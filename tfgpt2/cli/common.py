@@ -239,7 +239,7 @@ def print_batch(model, enc, args, request, context, batch, first, count):
 def _print_batch(model, enc, args, request, context, batch, first, count):
     import dataclasses
     from ..formats.litert import LiteRTModel, complete_litert
-    from ..sample import complete
+    from ..decoding.batch import complete
     from ..seeds import seed_of
     rows = [""] * args.batch_size
     request = dataclasses.replace(request, seed=seed_of(request.seed, batch * args.batch_size))

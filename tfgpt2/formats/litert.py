@@ -227,7 +227,7 @@ def generate_litert(model, prompts, length, *, encoder=None, progress=None, **co
 
 
 def complete_litert(model, prompts, request, *, encoder=None, text=True, progress=None):
-    """`generate_litert` of a checked `decoding.request.Request`, as `tfgpt2.sample.complete`:
+    """`generate_litert` of a checked `decoding.request.Request`, as `decoding.batch.complete`:
     `decoding.text.Completion`s, or, without `text`, arrays. The file runs at batch 1: each
     prompt has its own cache, and the rows advance together through the one per-token step
     (`decoding.step`), run on the logits the file returns."""
