@@ -1,13 +1,16 @@
 """One engine behind every door: the same requests through the library (`tfgpt2.generate`), the
-commands (`tfgpt2 interactive`), `tfgpt2 generate-batch` on both engines (local, Beam), `tfgpt2
-serve` (its HTTP app over the scheduler), the SavedModel (`generate_text`) and LiteRT give the
-same text (and the same log-probabilities, where a door reports them), each row equal to its
-prompt generated alone by the library: greedy (with log-probabilities where a door reports
-them), seeded sampling, stop strings inside a token and across two, penalties with a logit bias.
+commands (`tfgpt2 generate`, `tfgpt2 interactive`, `tfgpt2 generate --litert`), `tfgpt2
+generate-batch` on both engines (local, Beam), `tfgpt2 serve` (its HTTP app over the scheduler),
+the SavedModel (`generate_text`, and the signatures deployed clients call: `generate`,
+`generate_with_controls`) and LiteRT give the same text (and the same log-probabilities, where a
+door reports them), each row equal to its prompt generated alone by the library: greedy (with
+log-probabilities where a door reports them), seeded sampling, stop strings inside a token and
+across two, penalties with a logit bias. So `--stop X`, a JSONL line's "stop": ["X"] and the
+server's "stop": ["X"] end the same text at the same character.
 
 Affordable: the tiny model, loaded once and handed to every door that can take it (the commands
 and bulk generation load it through `load_model`, patched for the module), one app, one
-SavedModel and one LiteRT file for all the cases."""
+SavedModel and one LiteRT file for all the cases; each door runs every case in one test."""
 import dataclasses
 import io
 import json
@@ -101,34 +104,15 @@ def test_the_cases_show_what_they_are_for(expected, free, tiny, enc):
                     encoder=enc)[0].text == greedy[0]  # log-probabilities change nothing
 
 
-def test_library_rows_in_one_batch_equal_each_prompt_alone(tiny, enc, free, expected):
+# ---- the doors: each runs every case it can express -> {case: [(text, log-probabilities or None)]} ----
+
+def library(fixture, all_cases):
+    """`tfgpt2.generate`, every prompt of a case in one batch."""
     from tfgpt2 import generate
-    for name, case in cases(free).items():
-        rows = generate(tiny, [enc.encode(p) for p in case.prompts], LENGTH, stop_at_eot=True, encoder=enc,
-                        **case.controls)
-        assert [r.text for r in rows] == [e.text for e in expected[name]], name
-        if "logprobs" in case.controls:
-            assert_logprobs([r.logprobs for r in rows], [e.logprobs for e in expected[name]])
-
-
-def assert_logprobs(got, want, tolerance=1e-4):
-    """Per row and token: the same top ids, log-probabilities within `tolerance`."""
-    for g, w in zip(got, want):
-        assert len(g) == len(w)
-        for (lp, top), (wlp, wtop) in zip(g, w):
-            assert abs(lp - wlp) <= tolerance and [t for t, _ in top] == [t for t, _ in wtop]
-            np.testing.assert_allclose([v for _, v in top], [v for _, v in wtop], atol=tolerance)
-
-
-# ---- the commands -------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def loaded(tiny):
-    """`load_model` hands the module's model to the commands and bulk generation."""
-    from tfgpt2.formats import checkpoint
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(checkpoint, "load_model", lambda folder, **options: tiny)
-        yield
+    tiny, enc = fixture("tiny"), fixture("enc")
+    return {name: [(r.text, r.logprobs) for r in generate(tiny, [enc.encode(p) for p in case.prompts], LENGTH,
+                                                          stop_at_eot=True, encoder=enc, **case.controls)]
+            for name, case in all_cases.items()}
 
 
 def flags(controls):
@@ -144,53 +128,217 @@ def flags(controls):
     return out
 
 
-def test_interactive_prints_the_same_text(tiny_dir, free, expected, loaded, capsys, monkeypatch):
-    """`tfgpt2 interactive`, the prompts on stdin: each sample's text (--stop on text, as the
-    server's stop)."""
-    from tfgpt2.cli import interactive
-    for name, case in cases(free).items():
+def interactive(fixture, all_cases):
+    """`tfgpt2 interactive`, the prompts on stdin: each sample's text."""
+    from tfgpt2.cli import interactive as command
+    fixture("loaded")
+    capsys, monkeypatch = fixture("capsys"), fixture("monkeypatch")
+    found = {}
+    for name, case in all_cases.items():
         monkeypatch.setattr("sys.stdin", io.StringIO("".join(p + "\n" for p in case.prompts)))
-        interactive.main(["--model_dir", tiny_dir, "--length", str(LENGTH), "--stop_at_eot", "--quiet",
-                          *flags(without_logprobs(case.controls))])
+        command.main(["--model_dir", fixture("tiny_dir"), "--length", str(LENGTH), "--stop_at_eot", "--quiet",
+                      *flags(without_logprobs(case.controls))])
         printed = re.split(r"^=+ SAMPLE 1 =+\n", capsys.readouterr().out, flags=re.M)[1:]
-        assert [p.split("\n" + "=" * 80 + "\n")[0] for p in printed] == [e.text for e in expected[name]], name
+        found[name] = [(p.split("\n" + "=" * 80 + "\n")[0], None) for p in printed]
+    return found
 
 
-def bulk_lines(free):
+def generate_command(fixture, all_cases, litert=False):
+    """`tfgpt2 generate --prompt P` (with --litert FILE, the LiteRT file's), one prompt a call:
+    the sample's text."""
+    from tfgpt2.cli import generate as command
+    fixture("loaded")
+    capsys = fixture("capsys")
+    found = {}
+    for name, case in all_cases.items():
+        found[name] = []
+        for prompt in case.prompts:
+            command.main(["--model_dir", fixture("tiny_dir"), "--prompt", prompt, "--length", str(LENGTH),
+                          "--stop_at_eot", "--quiet", *(["--litert", fixture("litert_file")] if litert else []),
+                          *flags(without_logprobs(case.controls))])
+            out = capsys.readouterr().out
+            head = "=" * 40 + " SAMPLE 1 " + "=" * 40 + "\n"
+            assert out.startswith(head) and out.endswith("\n"), out
+            found[name].append((out[len(head):-1], None))
+    return found
+
+
+def bulk_lines(all_cases):
     lines = []
-    for name, case in cases(free).items():
+    for name, case in all_cases.items():
         fields = dict(without_logprobs(case.controls), stop_at_eot=True)
         fields["logit_bias"] = {str(k): v for k, v in fields.get("logit_bias", {}).items()}
         lines += [dict(prompt=p, case=name, **fields) for p in case.prompts]
     return lines
 
 
-def bulk_texts(rows, lines):
-    texts = {}
-    for row in sorted(rows, key=lambda r: r["line"]):
-        texts.setdefault(lines[row["line"]]["case"], []).append(row["text"])
-    return texts
-
-
-@pytest.mark.parametrize("engine", ["local", "beam"])
-def test_generate_batch_writes_the_same_text(tiny_dir, free, expected, loaded, tmp_path, engine):
-    """`tfgpt2 generate-batch`, every case's lines in one file, each line with its fields: the
-    same text on both engines (the rows of a case share a batch)."""
-    from tfgpt2.cli import generate_batch
+def generate_batch(fixture, all_cases, engine):
+    """`tfgpt2 generate-batch`, every case's lines in one file, each line with its fields (the
+    rows of a case share a batch)."""
+    from tfgpt2.cli import generate_batch as command
     if engine == "beam":
         pytest.importorskip("apache_beam", reason="the beam extra (apache-beam) is not installed")
-    lines = bulk_lines(free)
+    fixture("loaded")
+    tmp_path = fixture("tmp_path")
+    lines = bulk_lines(all_cases)
     src, out = tmp_path / "in.jsonl", tmp_path / "out"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    argv = ["--model_dir", tiny_dir, "--input", str(src), "--output", str(out), "--length", str(LENGTH),
-            "--batch_size", "2", "--quiet", "--engine", engine]
-    assert generate_batch.main(argv) == 0
+    assert command.main(["--model_dir", fixture("tiny_dir"), "--input", str(src), "--output", str(out),
+                         "--length", str(LENGTH), "--batch_size", "2", "--quiet", "--engine", engine]) == 0
     files = [out] if engine == "local" else sorted(tmp_path.glob("out-*-of-*"))
-    rows = [json.loads(line) for f in files for line in open(f)]
-    assert bulk_texts(rows, lines) == {name: [e.text for e in rows_] for name, rows_ in expected.items()}
+    found = {}
+    for row in sorted((json.loads(line) for f in files for line in open(f)), key=lambda r: r["line"]):
+        found.setdefault(lines[row["line"]]["case"], []).append((row["text"], None))
+    return found
 
 
-# ---- the server ---------------------------------------------------------------------------
+def serve(fixture, all_cases):
+    """`tfgpt2 serve`'s /v1/completions, every prompt of a case in one request: the choices'
+    texts, and OpenAI's log-probabilities (the tokens' texts) read back into the library's
+    shape (ids)."""
+    server, enc = fixture("server"), fixture("enc")
+    ids = {}
+    found = {}
+    for name, case in all_cases.items():
+        body = dict(model="tiny", prompt=case.prompts, max_tokens=LENGTH, **case.controls)
+        body["logit_bias"] = {str(k): v for k, v in body.get("logit_bias", {}).items()}
+        answer = server.post("/v1/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        found[name] = [(c["text"], _served_logprobs(c["logprobs"], enc, ids)) for c in answer.json()["choices"]]
+    return found
+
+
+def _served_logprobs(got, enc, ids):
+    """OpenAI's logprobs object as the library's [(log-probability, [(id, log-probability)])]
+    (None where the request asked for none), each token's text read back as its id."""
+    if got is None:
+        return None
+    from tfgpt2.decoding.text import token_text
+    if not ids:
+        ids.update({token_text(enc.encoding.decode_single_token_bytes(t)): t for t in range(enc.n_vocab)})
+    return [(lp, [(ids[t], v) for t, v in top.items()]) for lp, top in zip(got["token_logprobs"], got["top_logprobs"])]
+
+
+def _saved_inputs(enc, case):
+    """The SavedModel's inputs of `generate` for a case: its prompts left-padded, the sampling."""
+    import tensorflow as tf
+    c = dict(dict(temperature=1.0, top_k=0, top_p=1.0, seed=0), **case.controls)
+    prompts = [enc.encode(p) for p in case.prompts]
+    width = max(map(len, prompts))
+    ids, mask = np.zeros([len(prompts), width], np.int32), np.zeros([len(prompts), width], np.int32)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
+    return dict(input_ids=tf.constant(ids), attention_mask=tf.constant(mask), max_new_tokens=tf.constant(LENGTH),
+                temperature=tf.constant(c["temperature"], tf.float32), top_k=tf.constant(c["top_k"]),
+                top_p=tf.constant(c["top_p"], tf.float32), seed=tf.constant(c["seed"], tf.int64))
+
+
+def _saved_controls(case):
+    """The inputs `generate_with_controls` adds to `generate`'s, for a case."""
+    import tensorflow as tf
+    c = dict(dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0), **case.controls)
+    bias = np.zeros(50257, np.float32)
+    for token, value in case.controls.get("logit_bias", {}).items():
+        bias[token] = value
+    return dict(logit_bias=tf.constant(bias), min_p=tf.constant(0.0), stop=tf.constant(np.full([0, 1], -1, np.int32)),
+                **{k: tf.constant(c[k], tf.float32) for k in ("repetition_penalty", "presence_penalty",
+                                                               "frequency_penalty")})
+
+
+def saved_model(fixture, all_cases):
+    """The SavedModel's `generate_text`, loaded by `tf.saved_model.load`: its `text`."""
+    import tensorflow as tf
+    loaded, enc = fixture("saved_model"), fixture("enc")
+    found = {}
+    for name, case in all_cases.items():
+        stops = case.controls.get("stop", [])
+        out = loaded.signatures["generate_text"](
+            **_saved_inputs(enc, case), **_saved_controls(case), stop_strings=tf.constant(stops, tf.string,
+                                                                                          shape=[len(stops)]),
+            min_tokens=tf.constant(0), stop_at_eot=tf.constant(True), include_stop_str_in_output=tf.constant(False))
+        found[name] = [(t.decode(), None) for t in out["text"].numpy()]
+    return found
+
+
+def saved_model_tokens(fixture, all_cases):
+    """The signatures a client deployed before stop strings calls: `generate` (sampling alone)
+    and `generate_with_controls` (the penalties and bias), loaded by `tf.saved_model.load`: the
+    new tokens (through the export's, which runs on after <|endoftext|>), decoded up to the first
+    <|endoftext|>. Not the stop strings, which they do not take."""
+    loaded, enc = fixture("saved_model"), fixture("enc")
+    found = {}
+    for name, case in all_cases.items():
+        if "stop" in case.controls:
+            continue
+        controls = set(case.controls) - {"temperature", "top_k", "top_p", "seed", "logprobs"}
+        signature = "generate_with_controls" if controls else "generate"
+        out = loaded.signatures[signature](**_saved_inputs(enc, case), **(_saved_controls(case) if controls else {}))
+        width = out["output_ids"].shape[1] - LENGTH
+        rows = [row[width:width + n].tolist() for row, n in zip(out["output_ids"].numpy(), out["lengths"].numpy())]
+        found[name] = [(enc.decode(row[:row.index(enc.eot_token)] if enc.eot_token in row else row), None)
+                       for row in rows]
+    return found
+
+
+def litert(fixture, all_cases):
+    """`generate_litert` over the LiteRT file."""
+    from tfgpt2.formats.litert import generate_litert
+    enc = fixture("enc")
+    return {name: [(r.text, r.logprobs) for r in generate_litert(fixture("litert_file"),
+                                                                 [enc.encode(p) for p in case.prompts], LENGTH,
+                                                                 stop_at_eot=True, encoder=enc, **case.controls)]
+            for name, case in all_cases.items()}
+
+
+DOORS = {
+    "library": library,
+    "tfgpt2 interactive": interactive,
+    "tfgpt2 generate": generate_command,
+    "tfgpt2 generate --litert": lambda fixture, all_cases: generate_command(fixture, all_cases, litert=True),
+    "generate-batch local": lambda fixture, all_cases: generate_batch(fixture, all_cases, "local"),
+    "generate-batch beam": lambda fixture, all_cases: generate_batch(fixture, all_cases, "beam"),
+    "tfgpt2 serve": serve,
+    "SavedModel generate_text": saved_model,
+    "SavedModel generate, generate_with_controls": saved_model_tokens,
+    "LiteRT": litert,
+}
+
+
+REPORT_LOGPROBS = {"library", "tfgpt2 serve", "LiteRT"}  # the doors that return log-probabilities
+CANNOT_SAY = {"SavedModel generate, generate_with_controls": {"stops"}}  # cases a door has no inputs for
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_every_door_gives_each_prompts_text_alone(door, request, free, expected):
+    """Every case the door can express: each row's text is the library's for its prompt alone,
+    and so are the log-probabilities where the door reports them (ids, values within 1e-4)."""
+    found = DOORS[door](request.getfixturevalue, cases(free))
+    assert set(found) == set(expected) - CANNOT_SAY.get(door, set())
+    for name, rows in found.items():
+        assert [text for text, _ in rows] == [e.text for e in expected[name]], (door, name)
+        if "logprobs" in cases(free)[name].controls and door in REPORT_LOGPROBS:
+            assert_logprobs([lp for _, lp in rows], [e.logprobs for e in expected[name]])
+
+
+def assert_logprobs(got, want, tolerance=1e-4):
+    """Per row and token: the same top ids, log-probabilities within `tolerance`."""
+    for g, w in zip(got, want):
+        assert len(g) == len(w)
+        for (lp, top), (wlp, wtop) in zip(g, w):
+            assert abs(lp - wlp) <= tolerance and [t for t, _ in top] == [t for t, _ in wtop]
+            np.testing.assert_allclose([v for _, v in top], [v for _, v in wtop], atol=tolerance)
+
+
+# ---- what the doors share --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def loaded(tiny):
+    """`load_model` hands the module's model to the commands and bulk generation."""
+    from tfgpt2.formats import checkpoint
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoint, "load_model", lambda folder, **options: tiny)
+        yield
+
 
 @pytest.fixture(scope="module")
 def server(tiny, enc):
@@ -204,71 +352,16 @@ def server(tiny, enc):
         yield client
 
 
-def test_the_server_answers_the_same_text_and_log_probabilities(server, enc, free, expected):
-    from tfgpt2.decoding.text import token_text
-    for name, case in cases(free).items():
-        body = dict(model="tiny", prompt=case.prompts, max_tokens=LENGTH, **case.controls)
-        body["logit_bias"] = {str(k): v for k, v in body.get("logit_bias", {}).items()}
-        answer = server.post("/v1/completions", json=body)
-        assert answer.status_code == 200, answer.text
-        choices = answer.json()["choices"]
-        assert [c["text"] for c in choices] == [e.text for e in expected[name]], name
-        if "logprobs" in case.controls:  # OpenAI's shape: the tokens' texts, not their ids
-            word = enc.encoding.decode_single_token_bytes
-            for choice, want in zip(choices, expected[name]):
-                got = choice["logprobs"]
-                assert got["tokens"] == [token_text(word(t)) for t in want.new_tokens]
-                np.testing.assert_allclose(got["token_logprobs"], [lp for lp, _ in want.logprobs], atol=1e-4)
-                for top, (_, wanted) in zip(got["top_logprobs"], want.logprobs):
-                    assert list(top) == [token_text(word(t)) for t, _ in wanted]
-                    np.testing.assert_allclose(list(top.values()), [v for _, v in wanted], atol=1e-4)
-
-
-# ---- the SavedModel and LiteRT --------------------------------------------------------------
-
 @pytest.fixture(scope="module")
 def saved_model(tiny, enc, tmp_path_factory):
+    """The module's model exported as a SavedModel and loaded by TensorFlow's own loader."""
     import tensorflow as tf
     from tfgpt2.formats.saved_model import export_saved_model
-    path = export_saved_model(tiny, str(tmp_path_factory.mktemp("saved")), encoder=enc)
-    loaded = tf.saved_model.load(path)
-    return loaded, loaded.signatures["generate_text"]
+    return tf.saved_model.load(export_saved_model(tiny, str(tmp_path_factory.mktemp("saved")), encoder=enc))
 
 
-def test_the_saved_model_gives_the_same_text(saved_model, enc, free, expected):
-    import tensorflow as tf
-    _, run = saved_model
-    for name, case in cases(free).items():
-        c = dict(dict(temperature=1.0, top_k=0, top_p=1.0, seed=0, repetition_penalty=1.0, presence_penalty=0.0,
-                      frequency_penalty=0.0), **without_logprobs(case.controls))
-        prompts = [enc.encode(p) for p in case.prompts]
-        width = max(map(len, prompts))
-        ids, mask = np.zeros([len(prompts), width], np.int32), np.zeros([len(prompts), width], np.int32)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
-        bias = np.zeros(50257, np.float32)
-        for token, value in case.controls.get("logit_bias", {}).items():
-            bias[token] = value
-        out = run(input_ids=tf.constant(ids), attention_mask=tf.constant(mask), max_new_tokens=tf.constant(LENGTH),
-                  temperature=tf.constant(c["temperature"], tf.float32), top_k=tf.constant(c["top_k"]),
-                  top_p=tf.constant(c["top_p"], tf.float32), seed=tf.constant(c["seed"], tf.int64),
-                  logit_bias=tf.constant(bias),
-                  **{k: tf.constant(c[k], tf.float32) for k in ("repetition_penalty", "presence_penalty",
-                                                                 "frequency_penalty")},
-                  min_p=tf.constant(0.0), stop=tf.constant(np.full([0, 1], -1, np.int32)),
-                  stop_strings=tf.constant(case.controls.get("stop", []), tf.string, shape=[len(case.controls.get(
-                      "stop", []))]), min_tokens=tf.constant(0), stop_at_eot=tf.constant(True),
-                  include_stop_str_in_output=tf.constant(False))
-        assert [t.decode() for t in out["text"].numpy()] == [e.text for e in expected[name]], name
-
-
-def test_litert_gives_the_same_text_and_log_probabilities(tiny, enc, free, expected, tmp_path):
+@pytest.fixture(scope="module")
+def litert_file(tiny, tmp_path_factory):
     pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (requirements.txt)")
-    from tfgpt2.formats.litert import export_litert, generate_litert
-    path = export_litert(tiny, str(tmp_path / "tiny.tflite"))
-    for name, case in cases(free).items():
-        rows = generate_litert(path, [enc.encode(p) for p in case.prompts], LENGTH, stop_at_eot=True, encoder=enc,
-                               **case.controls)
-        assert [r.text for r in rows] == [e.text for e in expected[name]], name
-        if "logprobs" in case.controls:
-            assert_logprobs([r.logprobs for r in rows], [e.logprobs for e in expected[name]])
+    from tfgpt2.formats.litert import export_litert
+    return export_litert(tiny, str(tmp_path_factory.mktemp("litert") / "tiny.tflite"))
