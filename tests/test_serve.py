@@ -433,12 +433,140 @@ def test_logprobs_are_the_models(client, tiny):
                                atol=1e-4)
 
 
+def first_new(tokens, start):
+    """The first index from `start` whose token is none of those before it."""
+    return next(k for k in range(start, len(tokens)) if tokens[k] not in tokens[:k])
+
+
+@pytest.mark.slow
+def test_vllms_stopping_fields_do_what_vllms_do(client, tiny):
+    """vLLM's ignore_eos, min_tokens, stop_token_ids and include_stop_str_in_output with the
+    `openai` client (extra_body), and stop lists of 6 (a code task's until list and one more) and
+    64 strings, each against the greedy text or `generate` with the same controls; <|endoftext|>
+    made the model's every choice by a bias."""
+    eot, ask = ENCODER.eot_token, dict(model="tiny", prompt=PROMPTS[0], max_tokens=NEW, temperature=0)
+    forced = dict(ask, logit_bias={str(eot): 100})
+    ended = client.completions.create(**forced)
+    assert (ended.choices[0].text, ended.choices[0].finish_reason, ended.usage.completion_tokens) == ("", "stop", 1)
+    # ignore_eos: on to max_tokens past <|endoftext|>, which the text leaves out (skip_special_tokens)
+    ran = client.completions.create(**forced, logprobs=0, extra_body=dict(ignore_eos=True))
+    assert (ran.choices[0].text, ran.choices[0].finish_reason, ran.usage.completion_tokens) == ("", "length", NEW)
+    assert ran.choices[0].logprobs.tokens == ["<|endoftext|>"] * NEW
+    shown = client.completions.create(**forced, extra_body=dict(ignore_eos=True, skip_special_tokens=False))
+    assert shown.choices[0].text == "<|endoftext|>" * NEW
+    # min_tokens: <|endoftext|> held back for 5 tokens (the greedy ones without it), then it ends the text
+    greedy_ids = token_ids(client.completions.create(**ask, logprobs=0, logit_bias=EOT_BANNED).choices[0].logprobs)
+    held = client.completions.create(**forced, logprobs=0, extra_body=dict(min_tokens=5))
+    assert (held.choices[0].finish_reason, held.usage.completion_tokens) == ("stop", 6)
+    assert token_ids(held.choices[0].logprobs) == greedy_ids[:5]
+    assert held.choices[0].text == ENCODER.decode(greedy_ids[:5])
+    # stop_token_ids: the text ends before the first one (after it with include_stop_str_in_output)
+    k = first_new(greedy_ids, 2)
+    for extra, kept in [({}, k), (dict(include_stop_str_in_output=True), k + 1)]:
+        out = client.completions.create(**ask, logit_bias=EOT_BANNED, extra_body=dict(stop_token_ids=[greedy_ids[k]],
+                                                                                      **extra))
+        assert (out.choices[0].text, out.choices[0].finish_reason) == (ENCODER.decode(greedy_ids[:kept]), "stop")
+    # min_tokens holds a stop token back too
+    late = client.completions.create(**ask, logit_bias=EOT_BANNED, extra_body=dict(stop_token_ids=[greedy_ids[k]],
+                                                                                   min_tokens=k + 1))
+    assert late.choices[0].text == alone(tiny, PROMPTS[0], temperature=0, logit_bias={eot: -100},
+                                         stop_token_ids=[greedy_ids[k]], min_tokens=k + 1)
+    assert late.usage.completion_tokens > k + 1
+    # stop strings: include_stop_str_in_output keeps the one that ended the text; 6 and 64 of them
+    whole = ENCODER.decode(greedy_ids)
+    stop = whole[len(whole) // 3:len(whole) // 3 + 4]
+    until_list = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
+    end = min(whole.find(s) % (len(whole) + 1) for s in until_list + [stop])
+    for stops, extra, text in [([stop], dict(include_stop_str_in_output=True), whole[:whole.find(stop) + len(stop)]),
+                               (until_list + [stop], {}, whole[:end]),
+                               ([f"\u2603{n}" for n in range(63)] + [stop], {}, whole[:whole.find(stop)])]:
+        out = client.completions.create(**ask, logit_bias=EOT_BANNED, stop=stops, extra_body=extra)
+        assert (out.choices[0].text, out.choices[0].finish_reason) == (text, "stop"), len(stops)
+
+
+@pytest.mark.slow
+def test_guidellms_streamed_request_with_continuous_usage(server):
+    """guidellm's request as it sends it (plain HTTP): streamed, ignore_eos, stop null,
+    stream_options with include_usage and vLLM's continuous_usage_stats: a chunk per step with
+    tokens, each carrying the usage so far, counting up to max_tokens; then the usage chunk."""
+    body = dict(model="tiny", prompt=PROMPTS[1], max_tokens=NEW, stream=True, stop=None, ignore_eos=True,
+                logit_bias={str(ENCODER.eot_token): 5}, stream_options={"include_usage": True,
+                                                                       "continuous_usage_stats": True})
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as answer:
+        assert answer.status_code == 200
+        lines = [line[6:] for line in answer.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    prompt_tokens = len(ENCODER.encode(PROMPTS[1]))
+    counts = [c["usage"]["completion_tokens"] for c in chunks[:-1]]
+    assert all(c["usage"]["prompt_tokens"] == prompt_tokens and c["usage"]["total_tokens"] == prompt_tokens + n
+               for c, n in zip(chunks, counts))
+    assert counts == sorted(counts) and counts[-1] == NEW and len(set(counts)) == len(counts)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == NEW
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.slow
+def test_max_tokens_0_with_echo_scores_the_prompt(server, client, tiny):
+    """max_tokens 0 with echo and logprobs: the prompt alone, nothing generated, each token's
+    log-probability (the first null) and the most likely ones equal to a log softmax in NumPy of
+    the model's logits; streamed, the same text; vLLM's prompt_logprobs (plain HTTP) the same
+    values with each token's rank."""
+    prompt = ENCODER.encode(PROMPTS[0])
+    logits = tiny(np.array([prompt]))["logits"].numpy()[0].astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    word = ENCODER.encoding.decode_single_token_bytes
+    out = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=0, echo=True, logprobs=2)
+    c = out.choices[0]
+    assert (c.text, c.finish_reason, out.usage.completion_tokens) == (PROMPTS[0], "length", 0)
+    assert c.logprobs.tokens == [token_text(word(t)) for t in prompt]
+    assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
+    np.testing.assert_allclose(c.logprobs.token_logprobs[1:], [logp[j, t] for j, t in enumerate(prompt[1:])],
+                               atol=1e-4)
+    for j, best in enumerate(c.logprobs.top_logprobs[1:]):
+        ids = np.argsort(-logp[j])[:2]
+        assert list(best) == [token_text(word(t)) for t in ids]
+        np.testing.assert_allclose(list(best.values()), logp[j, ids], atol=1e-4)
+    texts, reasons, _ = streamed(client, prompt=PROMPTS[0], max_tokens=0, echo=True)
+    assert (texts[0], reasons[0]) == (PROMPTS[0], "length")
+    cut = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=0, echo=True, logprobs=0,
+                                    extra_body=dict(truncate_prompt_tokens=3, return_tokens_as_token_ids=True))
+    assert cut.choices[0].text == ENCODER.decode(prompt[-3:]) and cut.usage.prompt_tokens == 3
+    assert cut.choices[0].logprobs.tokens == [f"token_id:{t}" for t in prompt[-3:]]
+    answer = httpx.post(server.url + "/v1/completions", headers=AUTH, json=dict(
+        model="tiny", prompt=prompt, max_tokens=1, temperature=0, prompt_logprobs=1)).json()
+    rows = answer["choices"][0]["prompt_logprobs"]
+    assert rows[0] is None and len(rows) == len(prompt)
+    for j, (token, row) in enumerate(zip(prompt[1:], rows[1:])):
+        rank = 1 + int((logp[j] > logp[j, token]).sum())
+        best = int(np.argmax(logp[j]))
+        assert row[str(token)]["rank"] == rank and row[str(token)]["decoded_token"] == token_text(word(token))
+        assert row[str(best)]["rank"] == 1 and set(row) == {str(token), str(best)}
+        np.testing.assert_allclose([row[str(token)]["logprob"], row[str(best)]["logprob"]],
+                                   [logp[j, token], logp[j, best]], atol=1e-4)
+
+
 OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "logit_bias", "logprobs", "echo", "stream", "stream_options", "best_of",
                  "suffix"}
 BAD = [  # (request fields, status, the message's words, the field it names)
     (dict(model="nope"), 404, "`nope` does not exist", "model"),
-    (dict(max_token=5), 400, "unknown field 'max_token'", "max_token"),
+    (dict(max_token=5), 400, r"unknown field 'max_token' \(did you mean max_tokens\?\)", "max_token"),
+    (dict(use_beam_search=True), 400, r"use_beam_search \(beam search\) is not supported", "use_beam_search"),
+    (dict(guided_json={"type": "object"}), 400, "guided_json .* is not supported", "guided_json"),
+    (dict(min_tokens=5), 400, r"min_tokens must be at most max_tokens \(4\), got 5", "min_tokens"),
+    (dict(stop_token_ids=[50257]), 400, r"stop_token_ids sequence 0 token must be a token id in \[0, n_vocab=50257\)",
+     "stop_token_ids"),
+    (dict(prompt_logprobs=1, stream=True), 400, "prompt_logprobs are not streamed", "prompt_logprobs"),
+    (dict(prompt_logprobs=6), 400, r"prompt_logprobs must be an integer in \[0, 6\)", "prompt_logprobs"),
+    (dict(ignore_eos=True, stop=["x"]), 400, "stop strings with ignore_eos need skip_special_tokens false", "stop"),
+    (dict(ignore_eos="yes"), 400, "ignore_eos must be true or false", "ignore_eos"),
+    (dict(stream=True, stream_options={"continuous_usage_stats": 1}), 400,
+     "stream_options.continuous_usage_stats must be true or false", "stream_options"),
+    (dict(truncate_prompt_tokens=0), 400, r"truncate_prompt_tokens must be an integer in \[1, 65\), got 0",
+     "truncate_prompt_tokens"),
+    (dict(max_tokens=0, logprobs=1), 400, r"max_tokens must be .* \(0 only with echo", "max_tokens"),
     (dict(prompt=[50257]), 400, r"prompt 0: token ids must be in \[0, n_vocab=50257\), got \[50257\]", "prompt"),
     (dict(prompt=[[1, 2], [-1]]), 400, r"prompt 1: token ids must be in \[0, n_vocab=50257\), got \[-1\]", "prompt"),
     (dict(prompt=[1] * 60, max_tokens=10), 400, "prompt of 60 tokens \\+ max_tokens 10 - 1 exceeds the context window "

@@ -159,13 +159,13 @@ class Slots:
         """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
         over its first `window` positions). With `targets` [C], the token after each, returns
         how likely each was (`step.log_probabilities`: [C], [C, N], [C, N], numpy), for the
-        log-probabilities of a prompt."""
+        log-probabilities of a prompt, and each target's rank ([C])."""
         score = targets is not None
         specs = ([tf.TensorSpec([1, len(tokens)], tf.int32), tf.TensorSpec([2], tf.int32)]
                  + [tf.TensorSpec([len(tokens)], tf.int32)] * score)
         args = [tokens[None], [slot, start]] + [targets] * score
         out = self.program("prefill", *specs, window=window)(*(tf.constant(a, tf.int32) for a in args))
-        return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy()) if score else None
+        return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy(), out[2].numpy()) if score else None
 
     def decode(self, ints, floats, seed, window, stops=(None, None)):
         """Up to `steps` new tokens for each of the first B slots (`_decode`), from numpy arrays:
@@ -201,8 +201,11 @@ class Slots:
         logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window,
                                         slot=where[:1], layouts=self.layouts, every_position=targets is not None)
         self._store(cache)
-        if targets is not None:
-            return per_token.log_probabilities(logits[0], targets)
+        if targets is not None:  # with each target's rank (1: the most likely), as vLLM's prompt_logprobs
+            chosen, top = per_token.log_probabilities(logits[0], targets)
+            logp = tf.nn.log_softmax(tf.cast(logits[0], tf.float32))
+            rank = 1 + tf.reduce_sum(tf.cast(logp > chosen[:, None], tf.int32), -1)
+            return chosen, top, rank
 
     def _decode(self, ints, floats, seed, *, window, stops):
         """Up to `steps` new tokens per slot: its `token` fed at its `position`, each new token

@@ -86,17 +86,22 @@ class Choice:
         self.index, self.encoder, self.events, self.loop = index, encoder, events, loop
         echo = completion.echo and (completion.texts[prompt] if completion.texts[prompt] is not None
                                     else encoder.decode(completion.prompts[prompt]))
-        self.echo = echo or ""
+        self.echo, self.token_ids = echo or "", completion.token_ids
+        self.echo_entries = completion.echo and completion.logprobs is not None  # the prompt's, in `logprobs`
         request = completion.request_of(index)
-        self.stream = TextStream(encoder.encoding.decode_single_token_bytes, request.stop, offset=len(self.echo))
-        self.sequence = Sequence(completion.prompts[prompt], request, self.sink,
-                                 score_prompt=completion.echo and completion.logprobs is not None)
-        self.tokens = 0
+        token_bytes = encoder.encoding.decode_single_token_bytes
+        if completion.skip_special:  # the <|endoftext|> tokens that ignore_eos runs past, left out of the text
+            token_bytes = functools.partial(_skipped, token_bytes, request.eot)
+        self.stream = TextStream(token_bytes, request.stop, offset=len(self.echo))
+        self.sequence = Sequence(completion.prompts[prompt], request, self.sink, score_prompt=completion.scored,
+                                 generate=completion.generate)
+        self.tokens, self.started = 0, False
 
     def sink(self, tokens, logprobs, finish, cut):
         """The scheduler's call (engine thread): the new tokens as text, the text's end where
-        the step ended the choice (`decoding.step`: its <|endoftext|> or stop left out)."""
-        first, self.tokens = not self.tokens, self.tokens + len(tokens)
+        the step ended the choice (`decoding.step`: its <|endoftext|> or stop left out); the
+        first event's text starts with the echoed prompt."""
+        first, self.started, self.tokens = not self.started, True, self.tokens + len(tokens)
         entries = logprobs and [self.entry(token, values) for token, values in zip(tokens, logprobs)]
         if finish == ERROR:
             text, released, reason = "", [], "error"
@@ -105,16 +110,22 @@ class Choice:
                 "length" if finish == LENGTH else "stop")
         else:
             (text, released), reason = self.stream.feed(tokens, entries), None
-        if first and self.sequence.score_prompt:  # the echoed prompt's entries come first
-            released = self.prompt_entries() + released
+        if first:
+            text = self.echo + text
+            if self.echo_entries:  # the echoed prompt's entries come first
+                released = self.prompt_entries() + released
         self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, text, released, reason, len(tokens)))
+
+    def name(self, token):
+        """A token as logprobs show it: its text (`token_text`), or vLLM's "token_id:N"."""
+        return f"token_id:{token}" if self.token_ids else token_text(
+            self.encoder.encoding.decode_single_token_bytes(token))
 
     def entry(self, token, values):
         """A token's logprobs entry from (its log-probability, the top ids, theirs), or None."""
-        word = self.encoder.encoding.decode_single_token_bytes
-        logprob, top_ids, top_logprobs = values or (None, [], [])
-        return {"token": token_text(word(token)), "logprob": None if values is None else protocol.finite(logprob),
-                "top": None if values is None else [(token_text(word(int(t))), protocol.finite(p))
+        logprob, top_ids, top_logprobs = (values or (None, [], []))[:3]
+        return {"token": self.name(token), "logprob": None if values is None else protocol.finite(logprob),
+                "top": None if values is None else [(self.name(int(t)), protocol.finite(p))
                                                     for t, p in zip(top_ids, top_logprobs)]}
 
     def prompt_entries(self):
@@ -124,6 +135,21 @@ class Choice:
         scored = TextStream(self.encoder.encoding.decode_single_token_bytes)
         entries = [self.entry(t, v) for t, v in zip(prompt, [None] + self.sequence.prompt_logprobs)]
         return scored.finish(prompt, entries)[1]
+
+    def prompt_logprobs(self, n):
+        """vLLM's prompt_logprobs: None for the first token, then per token {id: {logprob, rank,
+        decoded_token}} of the token itself and the `n` most likely."""
+        rows = [None]
+        for token, (logprob, ids, values, rank) in zip(self.sequence.prompt[1:], self.sequence.prompt_logprobs):
+            row = {str(token): protocol.ranked(logprob, int(rank), self.name(token))}
+            for r, (t, value) in enumerate(zip(ids[:n], values[:n])):
+                row.setdefault(str(int(t)), protocol.ranked(value, r + 1, self.name(int(t))))
+            rows.append(row)
+        return rows
+
+
+def _skipped(token_bytes, special, token):
+    return b"" if token == special else token_bytes(token)
 
 
 def create_app(scheduler, *, model_name, encoder, hparams, api_key=None, public_metrics=False, max_body=MAX_BODY,
@@ -260,6 +286,7 @@ class Run:
         self.open = len(choices)
         self.first, self.status = True, "200"
         self.last = {}  # each choice's last event with tokens: when it came
+        self.made = {choice.index: 0 for choice in choices}  # each choice's tokens so far, as its events came
 
     async def next(self, watch):
         """The next event, (choice index, text, logprobs entries, finish reason, token count);
@@ -275,6 +302,7 @@ class Run:
             raise RequestError("the server shut down before this answer was whole (--drain_timeout passed)",
                                status=503, type="server_error", code="service_unavailable")
         if count:
+            self.made[index] += count
             self._latencies(index, count)
         if reason:
             self.open -= 1
@@ -286,7 +314,7 @@ class Run:
 
     async def whole(self, scheduler, request):
         """The response object, once every choice has ended."""
-        texts = {choice.index: [choice.echo] for choice in self.choices}
+        texts = {choice.index: [] for choice in self.choices}
         entries = {choice.index: [] for choice in self.choices}
         reasons = {}
         async with self.watching(scheduler, request) as watch:
@@ -295,9 +323,12 @@ class Run:
                 texts[index].append(text)
                 entries[index] += released
                 reasons[index] = reason
+        scored = self.c.request.prompt_logprobs
         return protocol.completion(self.id, self.model, self.created, [
             protocol.choice(choice.index, "".join(texts[choice.index]), self._logprobs(entries[choice.index]),
-                            reasons[choice.index]) for choice in self.choices], self._usage())
+                            reasons[choice.index], **({} if scored is None else {
+                                "prompt_logprobs": choice.prompt_logprobs(scored)})) for choice in self.choices],
+            self._usage())
 
     async def streamed(self, scheduler, request):
         """The server-sent events: a chunk per event with text, entries or an end, then the usage
@@ -306,10 +337,11 @@ class Run:
             async with self.watching(scheduler, request) as watch:
                 try:
                     while self.open:
-                        index, text, released, reason, _ = await self.next(watch)
-                        if text or released or reason:
+                        index, text, released, reason, count = await self.next(watch)
+                        if text or released or reason or count:  # a chunk per step with tokens, as vLLM's
                             yield _event(protocol.completion(self.id, self.model, self.created, [
-                                protocol.choice(index, text, self._logprobs(released), reason)], None))
+                                protocol.choice(index, text, self._logprobs(released), reason)],
+                                self._usage(index) if self.c.continuous_usage else None))
                 except RequestError as error:
                     yield _event(error.body())
                     return
@@ -366,7 +398,10 @@ class Run:
     def _logprobs(self, entries):
         return None if self.c.logprobs is None else protocol.logprobs_object(entries, self.c.logprobs)
 
-    def _usage(self):
+    def _usage(self, index=None):
+        """The request's usage, or (vLLM's continuous usage) choice `index`'s so far."""
+        if index is not None:
+            return protocol.usage(len(self.c.prompts[index // self.c.n]), self.made[index])
         return protocol.usage(sum(map(len, self.c.prompts)), sum(choice.tokens for choice in self.choices))
 
 

@@ -23,6 +23,7 @@ from ..decoding.cache import BLOCK, blocks_for
 from ..decoding.controls import PENALTIES
 from ..decoding.prefix import PrefixCache
 from ..decoding.slots import FLOATS, IDLE, INTS, Slots, wider
+from ..decoding.step import LENGTH
 
 ERROR = -2  # a sink's `finish` where the step failed
 PER_SLOT = ("top_k", "length", "logprobs", "biased", "stop_at_eot", "min_tokens", "include_stop")  # a request's ints
@@ -42,13 +43,15 @@ class Sequence:
     sequence runs, then how the step ended it, `decoding.step`, with what to `cut`; ERROR where
     the step failed; logprobs: (log-probability, top ids, their log-probabilities) per token, or
     None). With `score_prompt`, `prompt_logprobs` holds those of the prompt's tokens but the
-    first, as `logprobs` (filled before the first tokens)."""
+    first, as `logprobs` with each one's rank (filled before the first tokens). With `generate`
+    false it makes no token: it ends (at its length) once its prompt is read (or at once where
+    nothing is scored)."""
 
-    def __init__(self, prompt, request, sink, *, score_prompt=False):
+    def __init__(self, prompt, request, sink, *, score_prompt=False, generate=True):
         self.prompt, self.request, self.sink = list(prompt), request, sink
         self.max_tokens, self.context_keep = request.length, request.context_keep
         self.logprobs = request.logprobs is not None
-        self.score_prompt, self.prompt_logprobs = score_prompt, []
+        self.score_prompt, self.prompt_logprobs, self.generate = score_prompt, [], generate
         self.stop_shape = (None, None)  # the shapes of its stops, as a decode program takes them
         self.generated = []
         self.slot = None
@@ -144,6 +147,7 @@ class Scheduler:
             try:
                 for sequence in admitted:
                     self._admit(sequence)
+                self._scored()
                 self.step()
             except Exception:  # a program failed (out of memory, ...): end what runs, serve on
                 traceback.print_exc()
@@ -155,10 +159,18 @@ class Scheduler:
         prefilling = sorted((s for s in self.running if s is not None and s.prefilling), key=lambda s: s.submitted)
         if prefilling:
             self._prefill(prefilling[0])
+        self._scored()
         if any(s is not None and not s.prefilling for s in self.running):
             more = self.waiting or any(s is not None and s.prefilling for s in self.running)
             self._decode(1 if more else self.slots.steps)
         self._compact()
+
+    def _scored(self):
+        """Ends the sequences that make no token whose prompts are read (`Sequence.generate`)."""
+        for sequence in self.running:
+            if sequence is not None and not sequence.generate and not (sequence.score_prompt and sequence.prefilling):
+                self.running[sequence.slot] = None
+                sequence.sink([], None, LENGTH, 0)
 
     def _drop_cancelled(self):
         self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
@@ -179,6 +191,8 @@ class Scheduler:
         """The slot's values for the sequence's request: sampling, seed, bias row, counts, seen
         prompt, stops."""
         r, slot = sequence.request, sequence.slot
+        if not sequence.generate and not sequence.score_prompt:  # nothing to run: `_scored` ends it
+            return
         self.floats[:, slot] = [getattr(r, PENALTIES.get(name, name)) for name in FLOATS]
         self.ints[:, slot] = [r.top_k, r.length, sequence.logprobs, bool(r.logit_bias), r.stop_at_eot, r.min_tokens,
                               r.include_stop_str_in_output]
