@@ -324,6 +324,44 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
         {"what": "tfgpt2 serve, 1 client, 16 slots", "figure": "24 tokens/s, 0.98x a 1-slot server"}]
 
 
+def guidellm_benchmark(strategy, totals, rate, tokens_per_s, ttft, itl, tpot):
+    """A benchmark of guidellm's JSON report, in the shape its 0.8 release writes (only the keys
+    benchmark_guidellm reads): latencies as (median, p99) of the answered requests."""
+    def latency(median, p99):
+        return {"successful": {"median": median, "percentiles": {"p99": p99}}}
+    return {"config": {"strategy": strategy}, "metrics": {
+        "request_totals": dict(zip(("successful", "errored", "incomplete", "total"), totals)),
+        "requests_per_second": {"total": {"mean": rate}}, "output_tokens_per_second": {"total": {"mean": tokens_per_s}},
+        "time_to_first_token_ms": latency(*ttft), "inter_token_latency_ms": latency(*itl),
+        "time_per_output_token_ms": latency(*tpot)}}
+
+
+def test_guidellm_report_rows_and_headline():
+    """benchmark_guidellm: a row per benchmark of guidellm's report (its strategy in words, the
+    requests answered, refused and cut off, the rates guidellm's console shows, TTFT, ITL and
+    TPOT at the median and p99), and a headline of the most streams that counts every refusal."""
+    from tools import benchmark_guidellm as bench
+    found = {"benchmarks": [
+        guidellm_benchmark({"type_": "concurrent", "streams": 4}, (32, 0, 0, 32), 5.0, 80.0, (100, 200), (20, 30),
+                           (25, 40)),
+        guidellm_benchmark({"type_": "concurrent", "streams": 16}, (30, 1, 1, 32), 9.0, 150.0, (300, 900),
+                           (40, 60), (55, 80))]}
+    rows = bench.rows_of(found, "concurrent")
+    assert [r["benchmark"] for r in rows] == ["concurrent 4 streams", "concurrent 16 streams"]
+    assert rows[1] == {"benchmark": "concurrent 16 streams", "successful": 30, "errored": 1, "incomplete": 1,
+                       "requests_per_s": 9.0, "output_tokens_per_s": 150.0, "time_to_first_token_ms_p50": 300,
+                       "time_to_first_token_ms_p99": 900, "inter_token_latency_ms_p50": 40,
+                       "inter_token_latency_ms_p99": 60, "time_per_output_token_ms_p50": 55,
+                       "time_per_output_token_ms_p99": 80}
+    assert bench.describe({"type_": "constant", "rate": 2.5}) == "constant 2.50/s"
+    assert bench.describe({"type_": "synchronous"}) == "synchronous"
+    args = argparse.Namespace(streams=[4, 16], max_batch=16)
+    assert bench.headline(rows, args) == [{
+        "what": "tfgpt2 serve under guidellm, 16 concurrent streams, 16 slots",
+        "figure": "150 output tokens/s, TTFT p50 300 ms, ITL p50 40 ms, TPOT p50 55 ms; 62 requests answered, "
+                  "2 refused or cut off"}]
+
+
 def test_serve_benchmark_against_llama_server():
     """tfgpt2's concurrent and one-client candidates as ratios of llama-server's (the same load on
     its -np slots), and their headlines; the request asks both servers for the same sampling."""
