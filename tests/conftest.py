@@ -119,6 +119,7 @@ def gpu_visible():
 # The files that take longest, most first, by the CPU time of a full run (their own and their
 # child processes'). Out of date, it costs time only.
 HEAVIEST = ["test_train.py", "test_sample.py", "test_export.py", "test_distribute.py", "test_doors.py",
+            "test_low_precision_doors.py",
             "test_generate_batch.py", "test_package.py", "test_precision.py", "test_benchmarks.py", "test_model.py"]
 
 

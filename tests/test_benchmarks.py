@@ -168,8 +168,10 @@ def test_generation_rows_and_headlines_against_llama_cpp():
     ours, peer = rows_[0], rows_[1]
     assert (ours["vs_llama_cpp"], ours["prefill_vs_llama_cpp"]) == (pytest.approx(0.6), pytest.approx(1.5))
     assert peer["vs_llama_cpp"] == 1 and "vs_llama_cpp" not in rows_[2]
-    assert headlines(rows_)[-1] == {"what": "decode and prefill, batch 1, tfgpt2-xla against llama.cpp",
-                                    "figure": "60.0 against 100.0 tokens/s (0.60x); prefill 900 against 600 (1.50x)"}
+    assert headlines(rows_, "int8", "q8_0") == [
+        {"what": "generation, batch 8, tfgpt2-xla", "figure": "3.3 ms/token"},  # no peer at batch 8
+        {"what": "decode and prefill, batch 1, tfgpt2-xla int8 against llama.cpp Q8_0",
+         "figure": "60.0 against 100.0 tokens/s (0.60x); prefill 900 against 600 (1.50x)"}]
 
 
 @pytest.mark.slow
@@ -192,7 +194,8 @@ def test_generation_report_beside_llama_cpp(tiny_dir, tmp_path):
     assert peer["tokens_per_s"]["n"] == peer["prefill_tokens_per_s"]["n"] == 2
     assert ours["vs_llama_cpp"] == pytest.approx(ours["tokens_per_s"]["median"] / peer["tokens_per_s"]["median"])
     assert "f16 weights" in " ".join(data["notes"])  # bfloat16's peer weights
-    assert data["headlines"][-1]["what"] == "decode and prefill, batch 1, tfgpt2-xla against llama.cpp"
+    assert [h["what"] for h in data["headlines"]] == ["decode and prefill, batch 1, tfgpt2-xla bfloat16 against "
+                                                      "llama.cpp F16", "bfloat16 against float32"]
 
 
 def test_tokenizer_report(tmp_path):
@@ -411,3 +414,15 @@ def test_serve_benchmark_counts_the_tokens_while_every_client_is_busy():
     from tools import benchmark_serve as bench
     got = bench.figures(4.0, [(0.0, 2.0, 10), (0.0, 4.0, 40), (2.0, 4.0, 10)])
     assert got == {"tokens_per_s": 60 / 4.0, "busy_tokens_per_s": (10 + 40 * 2 / 4) / 2.0}
+
+
+@pytest.mark.slow
+def test_generation_quality_of_int8_against_float32(tiny_dir):
+    """benchmark.py --dtype int8's quality table: the greedy agreement and the loss ratio of the
+    int8 model against float32 (close on the tiny model, not equal: the weights are rounded)."""
+    from tools.benchmark import arguments, quality
+    q = quality(arguments(["--model_dir", tiny_dir, "--dtype", "int8", "--quality_prompts", "2",
+                           "--quality_steps", "8", "--text_tokens", "100"]))
+    assert q["dtype"] == "int8" and q["tokens"] == 100
+    assert 0.75 <= q["agreement"] <= 1 and q["ratio"] == pytest.approx(q["loss_q"] / q["loss_f"])
+    assert q["loss_q"] != q["loss_f"] and abs(q["ratio"] - 1) < 0.05

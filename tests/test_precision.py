@@ -1,7 +1,6 @@
 """Keras dtype policies (bfloat16, float16, mixed): dtypes of variables and activations,
-logits against float32, greedy tokens, no NaN or inf, and the SavedModel (loading memory: in
-test_checkpoint.py)."""
-import os
+logits against float32, greedy tokens, no NaN or inf (loading memory: in test_checkpoint.py; every
+door against the eager logits at 16 bits and int8: test_low_precision_doors.py)."""
 
 import numpy as np
 import pytest
@@ -9,7 +8,6 @@ import tensorflow as tf
 
 from tests.helpers import TINY, model_folder
 from tfgpt2 import generate, load_model, save_model
-from tfgpt2.formats.saved_model import export_saved_model
 from tfgpt2.decoding.cache import call_with_cache, empty_cache
 from tfgpt2.model import attention_mask, mask_attn_weights
 
@@ -123,21 +121,3 @@ def test_124m_logits_within_tolerance_of_float32(gpt2_124m, gpt2_124m_dir):
         if COMPUTE[policy] == "float16":  # bfloat16 has float32's range: it overflows where float32 does
             assert np.isfinite(model(long)["logits"].numpy()).all(), f"{policy}: NaN or inf with 1024 tokens"
         del model
-
-
-@pytest.mark.slow
-def test_bfloat16_saved_model_gives_the_library_greedy_tokens(tiny_dir, tmp_path):
-    """Exported in bfloat16 and loaded with tf.saved_model.load (test_export serves SavedModels
-    in a process without tfgpt2)."""
-    model = load_model(tiny_dir, dtype="bfloat16")
-    path = export_saved_model(model, str(tmp_path / "export"))
-    prompts = [[11, 12, 13, 14, 15], [7, 8, 9]]
-    ours = [row.tolist() for row in generate(model, prompts, 20, temperature=0)]
-    stored = tf.train.load_checkpoint(os.path.join(path, "variables", "variables")).get_variable_to_dtype_map()
-    assert tf.bfloat16 in set(stored.values())
-    out = tf.saved_model.load(path).signatures["generate"](
-        input_ids=tf.constant([[11, 12, 13, 14, 15], [0, 0, 7, 8, 9]]),
-        attention_mask=tf.constant([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]), max_new_tokens=tf.constant(20),
-        temperature=tf.constant(0.0), top_k=tf.constant(0), top_p=tf.constant(1.0), seed=tf.constant(0, tf.int64))
-    theirs = out["output_ids"].numpy().tolist()
-    assert theirs[0] == ours[0] and theirs[1][2:] == ours[1]

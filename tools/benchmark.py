@@ -30,8 +30,10 @@ and batch size:
   call (VmRSS: the runtime and the weights; n/a for the reference, which starts its
   process then and restores the checkpoint in each call).
 
-`--dtype bfloat16` runs tfgpt2 with that Keras dtype policy; the others stay float32 but
-llama.cpp, whose weights match it (`llama_peer.GGUF_TYPES`: 16 bits as f16; `--gguf_type`).
+`--dtype bfloat16` (or int8: `model.quantize("int8")`) runs tfgpt2 with that Keras dtype policy;
+the others stay float32 but llama.cpp, whose weights match it (`llama_peer.GGUF_TYPES`: 16 bits
+as f16, int8 as q8_0; `--gguf_type`). Then, in a process of its own, that dtype's quality against
+float32 (`quality`: greedy agreement and loss ratio, as tools/benchmark_litert.py).
 Sampling is the original scripts' default (temperature 1, top_k 0, top_p 1) unless
 `--top_k` says otherwise. The
 report (tools/report.py) goes to `--report DIR` as `--name`.json and .md (default
@@ -163,6 +165,31 @@ def llama_bench_figures(args):
                 loaded_rss_mb=None)
 
 
+def quality(args):
+    """--dtype against float32 on --model_dir's weights, as tools/benchmark_litert.py measures
+    int8: the greedy agreement (the --dtype model's eager argmax along float32's greedy sequence,
+    --quality_steps steps after each of --quality_prompts random prompts) and the mean losses over
+    --text_tokens tokens of --text (`tfgpt2.train.perplexity`, as `tfgpt2 evaluate`)."""
+    from tfgpt2 import load_model
+    from tfgpt2.encoder import default_encoder
+    from tfgpt2.sample import generate
+    from tfgpt2.train.perplexity import evaluate
+    full, low = load_model(args.model_dir), load_model(args.model_dir, dtype=args.dtype)
+    rng = np.random.default_rng(1)
+    agree = []
+    for length in rng.integers(1, 24, args.quality_prompts):
+        prompt = rng.integers(0, full.hparams.n_vocab, length).tolist()
+        tokens = list(generate(full, [prompt], args.quality_steps, temperature=0)[0][length:])
+        logits = low([prompt + tokens[:-1]])["logits"].numpy()[0, length - 1:]
+        agree.extend(logits.argmax(-1) == tokens)
+    enc = default_encoder()
+    with open(args.text, encoding="utf-8") as f:
+        tokens = [enc.eot_token] + enc.encode(f.read())[:args.text_tokens - 1]
+    loss_f, loss_q = (evaluate(m, tokens)["loss"] for m in (full, low))
+    return dict(dtype=args.dtype, agreement=float(np.mean(agree)), loss_f=loss_f, loss_q=loss_q,
+                ratio=loss_q / loss_f, tokens=len(tokens))
+
+
 def repeated(run):
     """run(context, length) -> run(context, length, repeats) giving the seconds of each call."""
     def timed(context, length, repeats):
@@ -176,6 +203,9 @@ def repeated(run):
 
 
 def worker(args):
+    if args.worker == "quality":
+        print(json.dumps(quality(args)))
+        return
     if args.worker == "llama.cpp" and llama_peer.peer(args) == "programs":
         print(json.dumps(llama_bench_figures(args)))
         return
@@ -221,6 +251,7 @@ def measure(candidate, batch, args):
                "--model_dir", args.model_dir, "--reference_src", args.reference_src, "--runs", str(args.runs),
                "--short", str(args.short), "--long", str(args.long), "--prompt_len", str(args.prompt_len),
                "--top_k", str(args.top_k), "--dtype", args.dtype, "--threads", str(args.threads)]
+    command += [f"--{k}={getattr(args, k)}" for k in ("quality_prompts", "quality_steps", "text", "text_tokens")]
     command += ["--gguf", args.gguf] if args.gguf else []
     command += ["--llama_cpp", args.llama_cpp] if args.llama_cpp else []
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -239,6 +270,9 @@ COLUMNS = [report.column("implementation", "implementation"), report.column("bat
            report.column("compile_s", "compile s", ".1f"), report.column("peak_rss_mb", "peak RSS MB", ".0f"),
            report.column("loaded_rss_mb", "RSS before MB", ".0f")]
 ERROR = report.column("error", "error")
+QUALITY = [report.column("dtype", "dtype"), report.column("agreement", "greedy agreement", ".3f"),
+           report.column("loss_f", "float32 loss", ".4f"), report.column("loss_q", "its loss", ".4f"),
+           report.column("ratio", "loss ratio", ".4f")]
 
 
 def rows_of(results):
@@ -266,13 +300,16 @@ def rows_of(results):
     return rows
 
 
-def headlines(rows):
+def headlines(rows, dtype="float32", gguf="f32"):
     """tfgpt2-xla's and the reference's decode time per batch size, with tfgpt2-xla's as a ratio
     of the reference's, and with every control on as a ratio of tfgpt2-xla's; tfgpt2-xla's and
-    llama.cpp's decode and prefill tokens/s, with tfgpt2-xla's as ratios of llama.cpp's."""
+    llama.cpp's decode and prefill tokens/s, with tfgpt2-xla's as ratios of llama.cpp's (there
+    only, where llama.cpp ran and the reference did not)."""
     found = []
     for row in rows:
         if row["implementation"] not in ("tfgpt2-xla", "tfgpt2-xla-controls", "reference") or "step_ms" not in row:
+            continue
+        if row["implementation"] == "tfgpt2-xla" and "vs_llama_cpp" in row and "vs_reference" not in row:
             continue
         figure = f"{row['step_ms']['median']:.1f} ms/token"
         if row["implementation"] == "tfgpt2-xla" and row.get("vs_reference"):
@@ -284,17 +321,19 @@ def headlines(rows):
         what = {"tfgpt2-xla-controls": "tfgpt2-xla, every generation control on"}.get(row["implementation"],
                                                                                        row["implementation"])
         found.append({"what": f"generation, batch {row['batch']}, {what}", "figure": figure})
-    return found + peer_headlines(rows)
+    return found + peer_headlines(rows, dtype, gguf)
 
 
-def peer_headlines(rows):
-    """tfgpt2-xla's decode and prefill tokens/s beside llama.cpp's, where both ran."""
+def peer_headlines(rows, dtype, gguf):
+    """tfgpt2-xla's decode and prefill tokens/s in `dtype` beside llama.cpp's on `gguf` weights,
+    where both ran."""
     found = []
     for row in rows:
         peer = next((r for r in rows if r["implementation"] == "llama.cpp" and r["batch"] == row["batch"]), None)
         if row["implementation"] != "tfgpt2-xla" or "vs_llama_cpp" not in row or not peer:
             continue
-        found.append({"what": f"decode and prefill, batch {row['batch']}, tfgpt2-xla against llama.cpp",
+        found.append({"what": f"decode and prefill, batch {row['batch']}, tfgpt2-xla {dtype} against llama.cpp "
+                              f"{gguf.upper()}",
                       "figure": f"{row['tokens_per_s']['median']:.1f} against {peer['tokens_per_s']['median']:.1f} "
                                 f"tokens/s ({row['vs_llama_cpp']:.2f}x); prefill "
                                 f"{row['prefill_tokens_per_s']['median']:.0f} against "
@@ -315,9 +354,14 @@ def arguments(argv):
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--dtype", default="float32",
                         help="tfgpt2's Keras dtype policy (bfloat16, ...); the others run in float32")
+    parser.add_argument("--quality_prompts", type=int, default=4,
+                        help="--dtype against float32: random prompts for the greedy agreement (default 4)")
+    parser.add_argument("--quality_steps", type=int, default=64, help="greedy steps after each (default 64)")
+    parser.add_argument("--text", default=argparse.__file__, help="the real text for the losses")
+    parser.add_argument("--text_tokens", type=int, default=1024, help="tokens of --text for the losses")
     llama_peer.add_arguments(parser)
     report.add_arguments(parser, "generation")
-    parser.add_argument("--worker", choices=CANDIDATES, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=CANDIDATES + ["quality"], help=argparse.SUPPRESS)
     parser.add_argument("--batch_size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gguf", help=argparse.SUPPRESS)  # the peer's weights, written by the driver
     return parser.parse_args(argv)
@@ -340,7 +384,7 @@ def measure_all(args):
     return results, skipped
 
 
-def notes_of(args, results, skipped):
+def notes_of(args, results, skipped, against=()):
     notes = [f"Decode time per generated token (the whole batch's step): generating {args.long} and "
              f"{args.short} new tokens after a 1-token prompt, the difference per token, median and range "
              f"over {args.runs} paired runs after a warm-up; prefill: a {args.prompt_len}-token prompt; compile: "
@@ -359,6 +403,12 @@ def notes_of(args, results, skipped):
                         "; by llama-cpp-python, each new token its logits' argmax") + ".")
     if skipped:
         notes.append(f"Not installed or not found here: {', '.join(skipped)}.")
+    for q in against:
+        notes.append(f"{args.dtype} against float32, on the same weights (random weights: how closely it follows "
+                     f"float32, not how well either models text): its eager argmax along float32's greedy sequence, "
+                     f"{args.quality_steps} steps after each of {args.quality_prompts} random prompts; mean loss "
+                     f"over the first {q.get('tokens', args.text_tokens)} tokens of {os.path.basename(args.text)}, "
+                     f"{args.dtype} / float32.")
     return notes
 
 
@@ -370,15 +420,27 @@ def main(argv=None):
         if "llama.cpp" in args.candidates and available("llama.cpp", args):
             args.gguf = llama_peer.write_gguf(args.model_dir, llama_peer.gguf_type(args), folder)
         results, skipped = measure_all(args)
+    against = [measure("quality", 1, args)] if args.dtype != "float32" and "tfgpt2-xla" in args.candidates else []
     rows = rows_of(results)
     settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "short", "long",
                                               "prompt_len", "top_k", "dtype", "llama_cpp", "threads")}
+    settings.update({k: getattr(args, k) for k in ("quality_prompts", "quality_steps", "text", "text_tokens")
+                     if against})
     columns = [c for c in COLUMNS if c["key"] not in ("vs_reference", "vs_llama_cpp", "prefill_vs_llama_cpp")
                or any(c["key"] in r for r in rows)]
     columns += [ERROR] * any("error" in r for r in rows)
-    report.publish(args, "Generation speed", [report.table(columns, rows)], tool=__file__, argv=argv,
-                   settings=settings, notes=notes_of(args, results, skipped), headlines=headlines(rows))
-    return 0 if all("error" not in r or k[0] in ONE_ROW and k[1] > 1 for k, r in results.items()) else 1
+    tables = [report.table(columns, rows)] + [report.table(QUALITY + [ERROR] * ("error" in q), [q],
+                                                           f"{args.dtype} against float32") for q in against]
+    report.publish(args, "Generation speed", tables, tool=__file__, argv=argv, settings=settings,
+                   notes=notes_of(args, results, skipped, against),
+                   headlines=headlines(rows, args.dtype, llama_peer.gguf_type(args)) + quality_headlines(against))
+    return 0 if all("error" not in r or k[0] in ONE_ROW and k[1] > 1 for k, r in results.items()) \
+        and all("error" not in q for q in against) else 1
+
+
+def quality_headlines(against):
+    return [{"what": f"{q['dtype']} against float32", "figure": f"greedy agreement {q['agreement']:.3f}, "
+             f"loss ratio {q['ratio']:.4f}"} for q in against if "error" not in q]
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from ..formats.folders import encoder_of, model_folder, model_path
 from ..hparams import load_hparams
 from .args import Parser, checked, ranged, token_value
 
-DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]  # Keras dtype policies
+DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16", "int8"]  # Keras dtype policies, int8
+DTYPE_HELP = ("the model's Keras dtype policy: bfloat16 halves the memory; int8 makes the blocks' weights int8 "
+              "with a scale per column (model.quantize) (default float32)")
 
 
 def add_quiet(parser):
@@ -156,8 +158,7 @@ def sampling_parser(prog, description, *, nsamples=None, nsamples_min=0, nsample
                    help="let --length go past the model's window: when it is full, go on from the last TOKENS "
                         "tokens (below n_ctx; n_ctx // 2 is usual). Default: refuse such a --length")
     p.add_argument("--stop_at_eot", action="store_true", help="end each sample at its first <|endoftext|>")
-    p.add_argument("--dtype", default="float32", choices=DTYPES,
-                   help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help=DTYPE_HELP)
     add_tf32(p)
     add_quiet(p)
     return p

@@ -22,7 +22,7 @@ API_KEY = "TFGPT2_API_KEY"  # the environment variable that holds the key
 
 from .args import Parser, ranged
 from ..formats.folders import encoder_of
-from .common import DTYPES, add_model_flags, add_quiet, add_tf32, model_dir, parse
+from .common import DTYPE_HELP, DTYPES, add_model_flags, add_quiet, add_tf32, model_dir, parse
 
 
 def main(argv=None, prog="tfgpt2 serve"):
@@ -31,8 +31,7 @@ def main(argv=None, prog="tfgpt2 serve"):
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; "
                         "0.0.0.0 for every interface)")
     parser.add_argument("--port", type=ranged(int, 0, 65535), default=8000, help="the port (default 8000)")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES,
-                        help="the model's Keras dtype policy: bfloat16 halves the memory (default float32)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help=DTYPE_HELP)
     parser.add_argument("--max_batch", type=ranged(int, 1), default=16,
                         help="slots: completions generated at once, each step (default 16)")
     parser.add_argument("--max_queue", type=ranged(int, 0), default=256,

@@ -8,6 +8,7 @@ variables, cast as they are read, so loading never holds a second copy of any we
 import glob
 import os
 import re
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -140,7 +141,9 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, r
     `model_dir` is a folder, or a model name ("124M") for `<models_dir>/<name>`.
     `checkpoint` (a folder or prefix) defaults to `model_dir`. The checkpoint's names and
     shapes are checked against the hparams before any weight is allocated. `dtype`: a Keras
-    dtype policy ("bfloat16", "mixed_float16", ...); each tensor is cast as it is read.
+    dtype policy ("bfloat16", "mixed_float16", ...); each tensor is cast as it is read. "int8":
+    loaded in float32, then `model.quantize("int8")` (the blocks' weights int8 with a scale per
+    column, products on int8 inputs quantized per row; docs/precision.md).
     `remat`: as `GPT2`'s (fine-tuning with less memory). `lora`: LoRA adapters to apply, not
     merged (`formats.lora.apply_adapters`: a run folder or a `lora-<step>` prefix). `tf32`: as
     `GPT2`'s (TensorFloat-32 allowed in float32 products; docs/precision.md).
@@ -150,10 +153,19 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, r
     prefix = checkpoint_prefix(checkpoint or model_dir)
     header, entries = read_checkpoint_index(prefix)
     source = plan_restore(stored_shapes(entries), hparams, tie_embeddings, prefix)
-    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype=dtype, remat=remat, tf32=tf32)
+    quantize = dtype == "int8"
+    model = GPT2(hparams, tie_embeddings=tie_embeddings, initialize=False, dtype="float32" if quantize else dtype,
+                 remat=remat, tf32=tf32)
     _restore(model, prefix, header, entries, source)
+    if lora and quantize:
+        raise ValueError("LoRA adapters cannot be applied to an int8 model: merge them into a checkpoint "
+                         "(a run's model-<step>) and load that with dtype int8")
     if lora:
         apply_adapters(model, lora)
+    if quantize:
+        with warnings.catch_warnings():  # Keras names each layer that has nothing to quantize (the norms)
+            warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method")
+            model.quantize("int8")
     return model
 
 
