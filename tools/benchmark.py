@@ -168,7 +168,7 @@ def llama_bench_figures(args):
 def quality(args):
     """--dtype against float32 on --model_dir's weights, as tools/benchmark_litert.py measures
     int8: the greedy agreement (the --dtype model's eager argmax along float32's greedy sequence,
-    --quality_steps steps after each of --quality_prompts random prompts) and the mean losses over
+    --quality_steps steps, within n_ctx, after each of --quality_prompts random prompts) and the mean losses over
     --text_tokens tokens of --text (`tfgpt2.train.perplexity`, as `tfgpt2 evaluate`)."""
     from tfgpt2 import load_model
     from tfgpt2.encoder import default_encoder
@@ -179,7 +179,8 @@ def quality(args):
     agree = []
     for length in rng.integers(1, 24, args.quality_prompts):
         prompt = rng.integers(0, full.hparams.n_vocab, length).tolist()
-        tokens = list(generate(full, [prompt], args.quality_steps, temperature=0)[0][length:])
+        steps = min(args.quality_steps, full.hparams.n_ctx - length)  # within the window
+        tokens = list(generate(full, [prompt], steps, temperature=0)[0][length:])
         logits = low([prompt + tokens[:-1]])["logits"].numpy()[0, length - 1:]
         agree.extend(logits.argmax(-1) == tokens)
     enc = default_encoder()
