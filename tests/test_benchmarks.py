@@ -297,8 +297,8 @@ def test_beam_report_rows_are_rates_and_ratios_of_the_runs():
 
 def test_serve_benchmark_workload_warm_up_and_ratios():
     """benchmark_serve: the requests keep to their ranges and repeat for a seed; the warm-up has
-    a prompt of every chunk size (multiples of 8) and the longest requests, and groups of every
-    step width whose first request ends first; the headline is the ratio of the medians in the run."""
+    a prompt of every chunk size (multiples of 8) and the longest requests, groups of every
+    step width whose requests all run to the end, and a pair whose first ends first; the headline is the ratio of the medians in the run."""
     from tools import benchmark_serve as bench
     requests = bench.workload(50, (8, 64), (16, 128))
     assert requests == bench.workload(50, (8, 64), (16, 128))
@@ -308,8 +308,9 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
     assert [new for _, new, _ in warm if new != 2] == [128, 128]
     for max_batch, widths in [(16, [2, 4, 8, 16]), (6, [2, 4, 6]), (1, [])]:
         groups = bench.warm_up_widths((8, 64), (16, 128), max_batch)
-        assert [len(g) for g in groups] == widths
-        assert all([(len(ids), new) for ids, new, _ in g] == [(8, 2)] + [(8, 128)] * (len(g) - 1) for g in groups)
+        assert [len(g) for g in groups] == widths + [2] * bool(widths)
+        assert all([(len(ids), new) for ids, new, _ in g] == [(8, 128)] * len(g) for g in groups[:-1])
+        assert not widths or [(len(ids), new) for ids, new, _ in groups[-1]] == [(8, 2), (8, 128)]
     args = argparse.Namespace(clients=16, max_batch=16)
     passes = {"concurrent": [{"tokens_per_s": 90.0, "busy_tokens_per_s": 120.0, "ttft_p50_s": 0.3, "ttft_p99_s": 2.0},
                              {"tokens_per_s": 110.0, "busy_tokens_per_s": 140.0, "ttft_p50_s": 0.5, "ttft_p99_s": 3.0}],

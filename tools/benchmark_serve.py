@@ -87,12 +87,15 @@ def warm_up(prompt, new):
 def warm_up_widths(prompt, new, max_batch):
     """Groups of requests, each to be sent at once, that compile the decode step at every width
     above one (`tfgpt2.serve.scheduler.width`: 2, 4, ... max_batch) and every attention window:
-    that many of the shortest prompt with the most new tokens, but the first with 2 new tokens
-    (it ends first: in the pair, the other moves down into its slot, which compiles the move)."""
+    that many of the shortest prompt, each with the most new tokens; then a pair whose first
+    request has 2 new tokens (it ends first: the other moves down into its slot, which compiles
+    the move). A group whose first request ended early would run on one narrower (a pair, alone)
+    and leave its width's longer windows to compile during a timed pass."""
     from tfgpt2.serve.scheduler import width
     widths = sorted({width(n, max_batch) for n in range(2, max_batch + 1)})
-    return [[(list(range(1000, 1000 + prompt[0])), 2 if i == 0 else new[1], 200 + i) for i in range(w)]
-            for w in widths]
+    shortest = list(range(1000, 1000 + prompt[0]))
+    groups = [[(shortest, new[1], 200 + i) for i in range(w)] for w in widths]
+    return groups + [[(shortest, 2, 300), (shortest, new[1], 301)]] if widths else []
 
 
 def body(request, stream=True):
