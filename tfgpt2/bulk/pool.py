@@ -15,8 +15,8 @@ import subprocess
 import time
 
 from ..decoding.request import check_request
-from ..formats.files import replacing
 from ..decoding.batch import complete
+from ..formats.files import hold, release, replacing
 from ..seeds import seed_of
 from .lines import line_keywords
 
@@ -52,37 +52,17 @@ def read_done(path, *, repair):
 
 
 def lock(path):
-    """An exclusive lock on `path`.lock, held by a run (its workers write under it), so that a
-    second run on the same output is refused instead of writing the same lines again; `unlock`
-    ends it. A lock file that the run before removed once this one had opened it is not held:
-    it is opened again."""
-    while True:
-        fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ValueError(f"{path}: another generate_batch run is writing it (it holds {path}.lock)") from None
-        if _is_file(fd, path + ".lock"):
-            return fd
-        os.close(fd)
+    """An exclusive lock on `path`.lock (`formats.files.hold`), held by a run (its workers write
+    under it), so that a second run on the same output is refused instead of writing the same
+    lines again; `unlock` ends it and removes the file."""
+    fd = hold(path + ".lock")
+    if fd is None:
+        raise ValueError(f"{path}: another generate_batch run is writing it (it holds {path}.lock)")
+    return fd
 
 
 def unlock(path, fd):
-    """End `lock`'s hold on `path`.lock and remove the file (removed while held, so that no run
-    can hold the file being removed)."""
-    os.unlink(path + ".lock")
-    os.close(fd)
-
-
-def _is_file(fd, path):
-    """Whether the open file `fd` is the file at `path` now."""
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+    release(path + ".lock", fd)
 
 
 def append(path, rows):

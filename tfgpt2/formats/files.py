@@ -2,8 +2,10 @@
 final name only when complete, so that an interrupted write never leaves part of a file under
 a name that a reader (OpenAI's code, TF Serving, a resumed run) would take for whole. What it
 writes has the modes of the user's umask (a SavedModel readable by the user TF Serving runs as),
-and a command asks `refuse_existing` before it writes over what a user has."""
+and a command asks `refuse_existing` before it writes over what a user has. A run that
+writes a file or folder over time holds a lock file beside it (`hold`, `release`)."""
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -84,3 +86,37 @@ def refuse_existing(path, flag="--overwrite"):
                               "to write into it (replacing the files of the same names)")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise FileExistsError(f"{path} exists; choose another name, or pass {flag} to replace it")
+
+
+def hold(path):
+    """An exclusive lock on the lock file `path` (made if absent), not waited for: its open
+    descriptor, or None while another process holds it. An fcntl lock ends with its process, so
+    the file left by a run that died is taken over; one that its holder removed (`release`)
+    after this process opened it is opened again, never held unseen."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        if _is_file(fd, path):
+            return fd
+        os.close(fd)
+
+
+def release(path, fd):
+    """End `hold`'s lock and remove its file: removed while held, so that no run holds the file
+    being removed, and none is left behind."""
+    os.unlink(path)
+    os.close(fd)
+
+
+def _is_file(fd, path):
+    """Whether the open file `fd` is the file at `path` now."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)

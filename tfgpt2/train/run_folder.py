@@ -6,7 +6,6 @@ beside the latest model, `best.json` where validation runs, `samples-<step>.txt`
 (`formats.lora`), from which, with the base, a run continues; `base_model.json` names the
 model folder the run started from. A run holds `.lock` while it writes the folder."""
 import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -17,7 +16,7 @@ import tensorflow as tf
 from ..adapters.lora import LORA_TARGETS
 from ..encoder import VOCAB_FILES
 from ..formats.checkpoint import checkpoint_prefix, save_tensors
-from ..formats.files import copy_file, write_text
+from ..formats.files import copy_file, hold, release, write_text
 from ..formats.folders import model_folder, save_hparams
 from ..formats.lora import adapter_tensors, merged_weights, read_config
 from ..hparams import load_hparams, read_json_object
@@ -44,34 +43,32 @@ def refuse_run_folder(path):
 
 @contextlib.contextmanager
 def locked(run_dir):
-    """Hold the run folder's `.lock` while a run writes it: another process is refused, naming
-    the one that holds it. An fcntl lock ends with its process, so that the lock of a run that
-    died is taken over by the next. A folder made for a run that wrote nothing is removed."""
+    """Hold the run folder's `.lock` while a run writes it (`formats.files.hold`): another
+    process is refused, naming the one that holds it. The lock of a run that died ends with its
+    process and is taken over by the next; a run that ends removes it, and a folder made for a
+    run that wrote nothing is removed too."""
     made = []  # the folders made here, innermost first
     folder = os.path.abspath(run_dir)
     while not os.path.isdir(folder):
         made, folder = made + [folder], os.path.dirname(folder)
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, ".lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-        os.close(fd)
-        raise BlockingIOError(f"{run_dir} is in use by another training run ({holder}, which holds {path}): "
-                              "wait for it to end, or choose another --run_name") from None
+    fd = hold(path)
+    if fd is None:
+        with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+            holder = f.read(200).strip()
+        raise BlockingIOError(f"{run_dir} is in use by another training run ({holder or 'another process'}, "
+                              f"which holds {path}): wait for it to end, or choose another --run_name")
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
-        if made and os.listdir(run_dir) == [".lock"]:
-            os.remove(path)
+        release(path, fd)
+        if made and not os.listdir(run_dir):
             for folder in made:
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
-        os.close(fd)
 
 
 def checkpoint_steps(run_dir):
