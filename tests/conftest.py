@@ -5,11 +5,12 @@ where it is absent.
 
 Model folders are written once per test worker (the 124M-shaped one once per run) by
 `tfgpt2.testing.checkpoints.make_checkpoint` (the code behind `tfgpt2 make-checkpoint`), with
-weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits. The
-124M-shaped model is loaded once per worker (`gpt2_124m`) for the tests that only read it, and
-OpenAI's code on the tiny and the 124M folders started once per worker (`reference_tiny`,
+weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits. OpenAI's
+code on the tiny and the 124M folders is started once per worker (`reference_tiny`,
 `reference_124m`; test_model.py and test_train.py need the 124M one, a process of about 1 GB).
-Models a test file loads (`tiny`) live as long as the file's tests.
+Models a test file loads (`tiny`, `gpt2_124m`) live as long as the file's tests, and the graphs
+it traced are let go after it (`release_traced_graphs`): a worker stays near the footprint of
+its largest file, not the sum of them (TFGPT2_MEMORY_LOG shows it, `log_memory`).
 XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
 by workers and children. On a GPU, the workers share it (TF_FORCE_GPU_ALLOW_GROWTH); tests
 marked `gpu` need one and skip, saying so, where TensorFlow sees none.
@@ -22,6 +23,7 @@ import os
 import resource
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,6 +71,7 @@ def pytest_collection_modifyitems(items):
 
 
 _frozen_at = []  # the test file whose start last froze the heap
+_ran = collections.Counter()  # the tests of each file that this process has started
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -77,12 +80,32 @@ def pytest_runtest_setup(item):
     (TensorFlow's, Keras', the session's fixtures: hundreds of thousands) are moved out of the
     cyclic garbage collector's reach: every full collection walked them all again, a second
     or more late in a worker (Keras runs one per `del` of a layer's variable), and a test of a
-    late file could spend 16 s in them. Garbage is still found among the objects made after."""
+    late file could spend 16 s in them. Garbage is still found among the objects made after.
+    Before that, where this process ran every test of the last file (its files whole, as with
+    `--dist loadfile`), the graphs that file traced are let go (`release_traced_graphs`)."""
     if _frozen_at != [item.path]:
-        log_memory(_frozen_at[0] if _frozen_at else None)
-        _frozen_at[:] = [item.path]
+        last = _frozen_at[0] if _frozen_at else None
+        if last is not None and _ran[last] == sum(i.path == last for i in item.session.items):
+            release_traced_graphs()
         gc.collect()
+        log_memory(last)
+        _frozen_at[:] = [item.path]
         gc.freeze()
+    _ran[item.path] += 1
+
+
+def release_traced_graphs():
+    """TensorFlow keeps each graph that a `tf.custom_gradient` function was traced into (the
+    model's products, GELU, LayerNorm, softmax and remat: `gradients.written`, `products`) in its
+    global gradient registry, with the variables the graph captured (TensorFlow issue 97697): a
+    model a file loaded and traced would stay resident for the rest of the worker, 0.3 GB for
+    `wide_dir`'s. Between files nothing alive needs those entries (the last file's fixtures are
+    torn down; the session's are folders and child processes), so they are dropped."""
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    if ops is not None:
+        registry = ops._gradient_registry._registry
+        for name in [name for name in registry if name.startswith("CustomGradient-")]:
+            del registry[name]
 
 
 def pytest_sessionfinish(session):
@@ -176,10 +199,10 @@ def gpt2_124m_dir(tmp_path_factory):
     return str(shared / "models" / "124M")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gpt2_124m(gpt2_124m_dir):
-    """The 124M-shaped model of `gpt2_124m_dir`, loaded once per worker: for tests that only
-    read it (never assign its weights; generating is fine)."""
+    """The 124M-shaped model of `gpt2_124m_dir`, loaded once per test file that reads it (never
+    assign its weights; generating is fine), and freed after it."""
     from tfgpt2 import load_model
     model = load_model(gpt2_124m_dir)
     sums = [float(np.sum(v.numpy(), dtype=np.float64)) for v in model.weights]

@@ -757,7 +757,7 @@ def test_a_full_server_answers_429_and_a_client_that_leaves_frees_its_slots(serv
     url = server.url
     busy = Reader(url, dict(LONG, n=16))
     assert busy.first.wait(120)
-    assert metric(url, "tfgpt2_running") == SLOTS and metric(url, "tfgpt2_queue_depth") == 16 - SLOTS
+    assert until(lambda: metric(url, "tfgpt2_running") == SLOTS and metric(url, "tfgpt2_queue_depth") == 16 - SLOTS)
     refused = httpx.post(url + "/v1/completions", json=dict(model="tiny", prompt="Hi", max_tokens=2), headers=AUTH)
     assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
