@@ -398,10 +398,13 @@ def test_no_test_file_imports_another_or_conftest():
 
 @pytest.mark.parametrize("line", ["from test_train import run", "from tests.test_sample import prompts_for",
                                   "import tests.test_model", "from tests import test_lora", "from conftest import TINY",
-                                  "from tests.conftest import ROOT", "from helpers import TINY", "from . import x"])
+                                  "from tests.conftest import ROOT", "from helpers import TINY", "from . import x",
+                                  "def f():\n    from tests.test_train import run"])
 def test_the_test_import_check_finds_each_style(tmp_path, line):
+    """Each way to import a test file, conftest or the helpers under another name, at module
+    level or inside a function (its line: the import's)."""
     (tmp_path / "test_x.py").write_text(f"import os\n{line}\nfrom tests.helpers import TINY\n")
-    assert [n for n, _ in imports_of_tests(tmp_path / "test_x.py")] == [2]
+    assert [n for n, _ in imports_of_tests(tmp_path / "test_x.py")] == [line.count("\n") + 2]
 
 
 # ---- nothing configured at import time ---------------------------------------------------

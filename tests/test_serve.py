@@ -297,6 +297,7 @@ def run_alone(scheduler, sequences, ended):
         engine.result(timeout=60)
 
 
+@pytest.mark.slow  # compiles for a context of 128 positions: 10 to 12 s on 2 cores
 def test_sequences_run_across_the_cache_blocks(long_model):
     """A context of 128 positions (two blocks of the slot cache of 64): two sequences decode at
     once at positions of their own, one across the first block's end (from 39 to 78), the other
@@ -325,6 +326,7 @@ def test_sequences_run_across_the_cache_blocks(long_model):
     assert {dict(key[2])["window"] for key in scheduler.slots.programs if key[0] == "decode"} == {128}  # windows
 
 
+@pytest.mark.slow  # compiles for a context of 128 positions: 10 to 12 s on 2 cores
 def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model):
     """Three prompts that start with the same 64 tokens (one block), then differ, run one after
     another, greedy and seeded, each after a prompt that starts otherwise (in the same slot),

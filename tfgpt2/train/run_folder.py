@@ -4,7 +4,8 @@ variable layout (OpenAI's code and `tfgpt2.load_model` restore it), `checkpoint`
 beside the latest model, `best.json` where validation runs, `samples-<step>.txt`. With LoRA
 (`--lora_rank`), `model-<step>` holds the merged weights and `lora-<step>.*` the adapters
 (`formats.lora`), from which, with the base, a run continues; `base_model.json` names the
-model folder the run started from. A run holds `.lock` while it writes the folder."""
+model folder the run started from. A run holds `.lock` while it writes the folder and removes
+it at its end."""
 import contextlib
 import glob
 import json
