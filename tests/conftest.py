@@ -1,7 +1,10 @@
 """Shared fixtures; what tests share besides fixtures (paths, shapes, helpers) is in
 `tests/helpers.py`, which tests import; no test imports conftest. `../shared` (beside the
 repository root) holds the reference code and vocabulary; tests that need it skip with a reason
-where it is absent.
+where it is absent. The tests pass in any order: pytest-randomly (requirements.txt) shuffles the
+files and the tests in each file on every run, before the sort below puts the heaviest files
+first; the run's summary names its order (`--randomly-seed=N` runs it again, `-p no:randomly`
+keeps the files' own).
 
 Model folders are written once per test worker (the 124M-shaped one once per run) by
 `tfgpt2.testing.checkpoints.make_checkpoint` (the code behind `tfgpt2 make-checkpoint`), with
@@ -106,6 +109,13 @@ def release_traced_graphs():
         registry = ops._gradient_registry._registry
         for name in [name for name in registry if name.startswith("CustomGradient-")]:
             del registry[name]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The seed of the run's shuffled order, which `-q` leaves out of the header."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None:
+        terminalreporter.write_line(f"tests in the order of --randomly-seed={seed}")
 
 
 def pytest_sessionfinish(session):
