@@ -334,7 +334,8 @@ def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model)
     another, greedy and seeded, each after a prompt that starts otherwise (in the same slot),
     with the prefix cache and without: the later two copy the first block from the cache and
     read their prompts on from position 64; their tokens and log-probabilities are the same to
-    the bit as without the cache, and the cache counts the tokens asked for and found."""
+    the bit as without the cache, and the cache counts the tokens asked for and found. A
+    prompt's blocks go into the pool once its first token is out (the copies would delay it)."""
     from tfgpt2.serve.scheduler import Scheduler, Sequence
     rng = np.random.default_rng(1)
     shared = rng.integers(0, ENCODER.eot_token, 64).tolist()
@@ -346,17 +347,20 @@ def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model)
     for blocks in (4, 0):
         scheduler = Scheduler(long_model, max_batch=1, max_queue=1, chunk=64, eot=ENCODER.eot_token,
                               prefix_blocks=blocks)
-        starts, prefill = [], scheduler.slots.prefill
+        starts, prefill, save, events = [], scheduler.slots.prefill, scheduler.slots.save, []
         scheduler.slots.prefill = lambda tokens, slot, start, *rest: starts.append(start) or prefill(
             tokens, slot, start, *rest)
+        scheduler.slots.save = lambda slot, places: events.append("save") or save(slot, places)
         ended = [concurrent.futures.Future() for _ in prompts]
         heard = [[] for _ in prompts]
         sequences = [Sequence(p, greedy(long_model, 24, temperature=float(n in (1, 2, 4)), top_p=0.9,
                                         repetition_penalty=1.2, seed=n, logprobs=5),
-                              lambda tokens, logprobs, end, cut, n=n: (heard[n].extend(logprobs),
+                              lambda tokens, logprobs, end, cut, n=n: (heard[n].extend(logprobs), events.append(n),
                                                                        end and ended[n].set_result(end))[-1])
                      for n, p in enumerate(prompts)]
         run_alone(scheduler, sequences, ended)
+        if blocks:  # a prompt's blocks are kept once its first token is out, not before
+            assert events.index("save") == events.index(0) + 1
         runs.append(([s.generated for s in sequences], heard, starts, scheduler.prefix))
     (cached, cached_logprobs, cached_starts, prefix), (alone, alone_logprobs, alone_starts, _) = runs
     assert cached == alone and all(len(tokens) == 24 for tokens in alone) and len(set(map(tuple, alone))) == 5

@@ -5,8 +5,9 @@ ends it (its length, end-of-text, a stop string or stop token sequence: `decodin
 cancel, and its slot is reused at once.
 A decode step runs the slots up to the highest in use (`width`), not all `max_batch`; where
 sequences leave low slots while a high one runs on, it moves down into a free one. With a
-prefix cache (`decoding.prefix`), a prompt's whole blocks are kept as its prefill writes them,
-and a later prompt that starts the same way copies them into its slot instead of reading them.
+prefix cache (`decoding.prefix`), a prompt's whole blocks are kept once its prefill has written
+them (after the step that makes its first token), and a later prompt that starts the same way
+copies them into its slot instead of reading them.
 
 One engine thread runs every TensorFlow program (`Scheduler.run`); the rest of the process only
 queues and cancels sequences (thread-safe) and hears from them through their `sink`.
@@ -85,6 +86,7 @@ class Scheduler:
         self.slots = Slots(model, max_batch=max_batch, chunk=chunk, steps=steps, eot=eot, pool=prefix_blocks,
                            vocabulary=vocabulary)
         self.prefix = PrefixCache(prefix_blocks) if prefix_blocks else None
+        self.unkept = []  # sequences whose prompts' blocks the prefix cache is yet to keep (`_keep`)
         self.running = [None] * max_batch
         self.waiting = collections.deque()
         self.lock = threading.Condition()
@@ -175,7 +177,18 @@ class Scheduler:
         if any(s is not None and not s.prefilling for s in self.running):
             more = self.waiting or any(s is not None and s.prefilling for s in self.running)
             self._decode(1 if more else self.slots.steps)
+        self._keep()
         self._compact()
+
+    def _keep(self):
+        """The whole blocks of the prompts whose prefill ended this step, into the prefix
+        cache's pool: after the decode that made their first tokens, which the copies would
+        otherwise delay (a slot's blocks stay as they are until another sequence takes it)."""
+        for sequence in self.unkept:
+            whole = sequence.prefilled // BLOCK
+            self.slots.save(sequence.slot, self.prefix.store(sequence.prompt, sequence.cached, whole))
+            sequence.cached = whole
+        self.unkept = []
 
     def _scored(self):
         """Ends the sequences that make no token whose prompts are read (`Sequence.generate`)."""
@@ -232,10 +245,8 @@ class Scheduler:
         if targets is not None:
             sequence.prompt_logprobs += [tuple(values[j] for values in out) for j in range(len(piece))]
         sequence.prefilled = start + len(piece)
-        if self._cacheable(sequence):  # the blocks it has written whole, into the pool
-            whole = sequence.prefilled // BLOCK
-            self.slots.save(sequence.slot, self.prefix.store(sequence.prompt, sequence.cached, whole))
-            sequence.cached = whole
+        if self._cacheable(sequence) and not sequence.prefilling:  # its whole blocks go to the pool (`_keep`)
+            self.unkept.append(sequence)
 
     def _cacheable(self, sequence):
         """Whether the prefix cache serves the sequence: its cache holds its prompt from the
@@ -297,6 +308,7 @@ class Scheduler:
             used = sorted(used + [target])
 
     def _fail(self):
+        self.unkept = []
         with self.lock:
             failed = [s for s in self.running if s is not None]
             self.running = [None] * self.max_batch
