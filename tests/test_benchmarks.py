@@ -401,8 +401,7 @@ def test_serve_report_beside_llama_server(tiny_dir, tmp_path):
         pytest.skip("llama.cpp's programs are not at hand (TFGPT2_LLAMA_CPP=<the folder of llama-server>)")
     done = run_tool("benchmark_serve.py", "--model_dir", tiny_dir, "--candidates", "concurrent", "llama_server",
                     "llama_one_client", "--clients", "4", "--max_batch", "4", "--requests", "8", "--prompt", "8",
-                    "16", "--new", "4", "8", "--runs", "1", "--rss_requests", "0", "--fresh_requests", "8",
-                    "--report", str(tmp_path),
+                    "16", "--new", "4", "8", "--runs", "1", "--rss_requests", "0", "--report", str(tmp_path),
                     "--llama_cpp", programs)
     assert done.returncode == 0, done.stderr[-3000:]
     data = assert_report(str(tmp_path), "serve", "benchmark_serve.py")

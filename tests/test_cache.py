@@ -125,28 +125,3 @@ def test_call_with_slots_is_gpt2_call(model_for, name):
     assert_close(prompt.numpy(), expected[:-1], dtype, f"{name}: the prompt")
     assert_close(step[0].numpy(), expected[-1], dtype, f"{name}: its next token")
     assert_close(step[1].numpy(), model(np.array([second]))["logits"].numpy()[0, 0], dtype, f"{name}: a first token")
-
-
-@pytest.mark.slow  # XLA, as above
-def test_call_with_slots_reads_only_the_blocks_in_use(model_for):
-    """The same prompt and step over a slot cache of four blocks whose last two hold NaN, with a
-    window of all four and `used` the two that hold positions: the same logits (a block past
-    `used` read or multiplied would make them NaN)."""
-    model = model_for("float32")
-    first, second = PROMPTS[0], PROMPTS[1][:1]
-    cache = [tuple(tuple(b if j < 2 else tf.fill(b.shape, float("nan")) for j, b in enumerate(part)) for part in layer)
-             for layer in slot_cache(model, 2, 4 * BLOCK)]
-
-    @tf.function(jit_compile=True)
-    def run(used):
-        prompt, stored = call_with_slots(model, tf.constant([first]), cache, tf.constant([0]), window=4 * BLOCK,
-                                         slot=tf.constant([1]), every_position=True, used=used)
-        step, _ = call_with_slots(model, tf.constant([NEXT[0], second]), stored, tf.constant([len(first), 0]),
-                                  window=4 * BLOCK, slot=tf.constant([1, 0]), used=used)
-        return prompt[0], step
-    prompt, step = run(tf.constant(2))
-    expected = expected_logits(model)[0]
-    assert_close(prompt.numpy(), expected[:-1], "float32", "the prompt")
-    assert_close(step[0].numpy(), expected[-1], "float32", "its next token")
-    assert_close(step[1].numpy(), model(np.array([second]))["logits"].numpy()[0, 0], "float32", "a first token")
-    assert np.isnan(run(tf.constant(3))[1].numpy()).all()  # the third block read: NaN

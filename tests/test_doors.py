@@ -348,8 +348,7 @@ def server(tiny, enc):
     from tfgpt2.serve.app import create_app
     from tfgpt2.serve.scheduler import Scheduler
     scheduler = Scheduler(tiny, max_batch=4, max_queue=8, chunk=16, eot=enc.eot_token, vocabulary=Vocabulary.of(enc))
-    with TestClient(create_app(scheduler, model_name="tiny", encoder=enc, hparams=tiny.hparams,
-                               warm_up=False)) as client:  # compiles what the cases use (test_serve: the warm-up)
+    with TestClient(create_app(scheduler, model_name="tiny", encoder=enc, hparams=tiny.hparams)) as client:
         yield client
 
 

@@ -313,8 +313,6 @@ def test_sequences_run_across_the_cache_blocks(long_model):
     ended = [concurrent.futures.Future() for _ in prompts]
     sequences = [Sequence(p, greedy(model, n, logit_bias=eot), lambda tokens, logprobs, end, cut, f=f: end
                           and f.set_result(end)) for p, n, f in zip(prompts, new, ended)]
-    windows, decode = [], scheduler.slots.decode
-    scheduler.slots.decode = lambda *args: windows.append(args[3]) or decode(*args)
     engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
     try:
         scheduler.submit(sequences)
@@ -325,7 +323,7 @@ def test_sequences_run_across_the_cache_blocks(long_model):
     expected = generate(model, prompts, max(new), temperature=0, logit_bias=eot)  # each row as if alone
     for p, n, s, row in zip(prompts, new, sequences, expected):
         assert s.generated == row[len(p):len(p) + n].tolist(), len(p)
-    assert set(windows) == {128}  # both blocks read (a value: one program per width)
+    assert {dict(key[2])["window"] for key in scheduler.slots.programs if key[0] == "decode"} == {128}  # windows
 
 
 @pytest.mark.slow  # compiles for a context of 128 positions: 10 to 12 s on 2 cores
@@ -737,36 +735,16 @@ def test_past_n_ctx_with_context_keep_slides(client):
     assert token_ids(slid.choices[0].logprobs) == first + rest and slid.usage.completion_tokens == 80
 
 
-# A request of each kind: prompts of 1 to 40 tokens (one to three chunks), n, sampling, short
-# and long stop strings (each bucket of `slots.TEXT_STOPS`), stop token sequences, min_tokens,
-# penalties and a bias, log-probabilities, echo with the prompt's, prompt_logprobs, and one past
-# n_ctx that slides
-VARIED = [dict(prompt=[1], max_tokens=3),
-          dict(prompt=PROMPTS[0], max_tokens=12, n=2, temperature=0.8, seed=1, stop=["\n", "the"], logprobs=2),
-          dict(prompt=list(range(100, 140)), max_tokens=8, echo=True, logprobs=1),
-          dict(prompt=list(range(200, 217)), max_tokens=20, stop=["a stop string of thirty bytes", "x", "y", "z", "w"],
-               frequency_penalty=0.5, presence_penalty=0.5, logit_bias={"11": 5},
-               extra_body=dict(repetition_penalty=1.3, stop_token_ids=[[1, 2], [3]], min_tokens=2,
-                               include_stop_str_in_output=True)),
-          dict(prompt=list(range(300, 320)), max_tokens=4, extra_body=dict(prompt_logprobs=2, ignore_eos=True)),
-          dict(prompt=[1], max_tokens=70, logit_bias=EOT_BANNED, extra_body=dict(context_keep=32))]
-
-
 @pytest.mark.slow
-def test_a_server_compiles_every_program_before_it_answers_health(server, client):
-    """The server's warm-up compiled every program its scheduler can call before /health
-    answered: requests of every kind, one at a time (steps one slot wide) and all at once (two
-    and four wide, sequences moving down as others end), compile nothing more
-    (`tfgpt2_compiled_programs` stays at what the warm-up compiled, whatever ran before)."""
-    warmed = metric(server.url, "tfgpt2_warmup_programs")
-    assert warmed > 0 and metric(server.url, "tfgpt2_warmup_seconds") > 0
-    assert metric(server.url, "tfgpt2_compiled_programs") == warmed
-    print("warm-up:", warmed, "programs in", metric(server.url, "tfgpt2_warmup_seconds"), "s")
-    for request in VARIED:
-        client.completions.create(model="tiny", **request)
-    with concurrent.futures.ThreadPoolExecutor(len(VARIED)) as pool:
-        list(pool.map(lambda request: client.completions.create(model="tiny", **request), VARIED + VARIED[:3]))
-    assert metric(server.url, "tfgpt2_compiled_programs") == warmed
+def test_programs_are_compiled_per_bucket_not_per_request(server, client):
+    """Once one request has run a bucket (one slot, a prompt chunk of 16, the window of 64),
+    requests of other prompt lengths, token counts and sampling values within it compile
+    nothing more."""
+    client.completions.create(model="tiny", prompt=list(range(100, 104)), max_tokens=4)
+    before = metric(server.url, "tfgpt2_compiled_programs")
+    for n, extra in [(3, {}), (5, dict(temperature=0.3, top_p=0.5)), (9, dict(logprobs=2, presence_penalty=1.0))]:
+        client.completions.create(model="tiny", prompt=list(range(100, 100 + n)), max_tokens=n, **extra)
+    assert metric(server.url, "tfgpt2_compiled_programs") == before > 0
 
 
 def log_lines(server, words):

@@ -46,9 +46,6 @@ def main(argv=None, prog="tfgpt2 serve"):
                         help="blocks of 64 prompt positions whose keys and values are kept, so that a prompt "
                              "that starts as an earlier one did reads its start from them (2 x n_layer x 64 x "
                              "n_embd values each: 2.4 MB for 124M in float32); 0: none (default 64)")
-    parser.add_argument("--no_warmup", action="store_true",
-                        help="listen at once, compiling each program when a request first needs it (the first "
-                             "requests wait on compiles); by default every program is compiled first")
     parser.add_argument("--served_model_name", metavar="NAME",
                         help="the model's id in the API (default: the model folder's name)")
     add_guard_flags(parser)
@@ -74,15 +71,10 @@ def main(argv=None, prog="tfgpt2 serve"):
           prefix_blocks=args.prefix_cache_blocks,
           api_key=args.api_key or os.environ.get(API_KEY) or None, public_metrics=args.public_metrics,
           max_body=args.max_body_bytes, request_timeout=args.request_timeout, drain_timeout=args.drain_timeout,
-          docs=args.docs, warm_up=not args.no_warmup,
-          ready=lambda warmed: progress.note(f"serving {name} on http://{args.host}:{args.port}/v1 "
-                                             f"({args.max_batch} slots{warmed_note(warmed)})"))
+          docs=args.docs,
+          ready=lambda: progress.note(f"serving {name} on http://{args.host}:{args.port}/v1 "
+                                      f"({args.max_batch} slots)"))
     return 0
-
-
-def warmed_note(warmed):
-    """The warm-up's figures, as the ready line states them."""
-    return "" if warmed is None else f"; warm-up: {warmed[0]} programs compiled in {warmed[1]:.1f} s"
 
 
 def add_guard_flags(parser):

@@ -73,15 +73,12 @@ def padded_positions(tokens, past_length, pad):
     return positions if pad is None else tf.maximum(positions - tf.cast(pad, tf.int32)[:, None], 0)
 
 
-def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, every_position=False, used=None):
+def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, every_position=False):
     """X [rows, T] through the blocks over a cache of slots (`slot_cache`): row r's tokens sit
     at positions start[r], start[r] + 1, ... of its slot (slot r, of the first `rows` slots, or
     slot[r] with `slot` [rows]), their keys and values written there, and attend to the slot's
     first `window` positions (a Python int; its blocks are read whole) up to their own. A slot's
     keys past the position being written are never read, so a slot is reused without clearing it.
-    `used` (an int32 scalar, or None: all): how many of the window's blocks hold positions up to
-    the last of X's; the others are neither read nor multiplied (so that one program serves every
-    window up to `window`, at the cost of the blocks it reads).
 
     Returns the logits of the last position [rows, n_vocab] (of every position [rows, T,
     n_vocab] with `every_position`) and the updated cache. Positions past the window's blocks
@@ -100,27 +97,26 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
             offset = at - j * BLOCK
             offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
             stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), values)
-        n = shape_list(new)[0]
-        read = [(lambda b=b: b[:n]) if slot is None else (lambda b=b: tf.gather(b, rows)) for b in stored[:blocks]]
+        read = [b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
         return tuple(stored), read
-    return through_blocks(model, X, positions, mask, cache, write, layouts, every_position=every_position, used=used)
+    return through_blocks(model, X, positions, mask, cache, write, layouts, every_position=every_position)
 
 
-def through_blocks(model, X, positions, mask, cache, write, layouts, table=None, *, every_position=False, used=None):
+def through_blocks(model, X, positions, mask, cache, write, layouts, table=None, *, every_position=False):
     """The embeddings of X at `positions`, the blocks over `cache` (`write(old, new)` stores a
     layer's new keys or values and gives (the stored cache, what attention reads: a list of
-    blocks, `cached_attn`, of which the first `used` are read)), then the logits of the last
-    position, or of every one: ([batch, n_vocab] or [batch, T, n_vocab], the updated cache)."""
+    blocks, `cached_attn`)), then the logits of the last position, or of every one: ([batch,
+    n_vocab] or [batch, T, n_vocab], the updated cache)."""
     embed, logits = table or ((lambda X: tf.gather(model.as_compute(model.wte), X)), model.lm_logits)
     h = embed(X) + tf.gather(model.as_compute(model.wpe), positions)
     new_cache = []
     for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
-        h, layer_cache = block_with_cache(block, h, mask, layer_cache, write, layout, used)
+        h, layer_cache = block_with_cache(block, h, mask, layer_cache, write, layout)
         new_cache.append(layer_cache)
     return (logits(h) if every_position else logits(h[:, -1:])[:, 0]), new_cache
 
 
-def block_with_cache(block, x, mask, cache, write, layout, used=None):
+def block_with_cache(block, x, mask, cache, write, layout):
     """`Block.call` over the cache, its keys and values stored by `write` (`through_blocks`): (x
     after the block, the updated (keys, values)). Named as the layers (`h0/attn/...`), for
     profiles."""
@@ -130,8 +126,7 @@ def block_with_cache(block, x, mask, cache, write, layout, used=None):
         q, k, v = map(attn.split_heads, tf.split(c, 3, axis=2))
         (k_cache, k_read), (v_cache, v_read) = (write(old, tf.reshape(new, [-1] + shape_list(new)[2:]))
                                                 for old, new in zip(cache, (k, v)))
-        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, k_read, v_read, mask, tf32=attn.tf32, used=used)),
-                    layout[1])
+        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, k_read, v_read, mask, tf32=attn.tf32)), layout[1])
     x = x + a
     with tf.name_scope(block.name), tf.name_scope(mlp.name):
         m = project(mlp.c_proj, gelu(project(mlp.c_fc, block.ln_2(x), layout[2])), layout[3])
@@ -169,23 +164,14 @@ def write_cache(cache, update, index):
     return xla.dynamic_update_slice(cache, update, tf.stack([0, index, 0]))
 
 
-def cached_attn(q, k, v, mask, *, tf32=False, used=None):
+def cached_attn(q, k, v, mask, *, tf32=False):
     """`multihead_attn` over the cache: q [batch, heads, n, features], k and v lists of blocks
-    [batch * heads, T_j, features] (the positions in order), each a tensor or a function that
-    reads one. With `used` (an int32 scalar), blocks from `used` on are not read: their scores
-    are 0 (the mask must hide them) and they add nothing. The products read the cache as it
+    [batch * heads, T_j, features] (the positions in order). The products read the cache as it
     is: a reshape or slice of it between its update and a product makes XLA copy it."""
     batch, heads, n, features = shape_list(q)
     q = tf.reshape(q, [batch * heads, n, features])
-
-    def each(j, block, product, shape):
-        run = lambda: product(block() if callable(block) else block)
-        return run() if used is None else tf.cond(j < used, run, lambda: tf.zeros(shape, q.dtype))
-    sizes = [BLOCK if callable(block) else shape_list(block)[1] for block in k]
-    w = tf.concat([each(j, block, lambda b: matmul(q, b, transpose_b=True, tf32=tf32), [batch * heads, n, size])
-                   for j, (block, size) in enumerate(zip(k, sizes))], axis=-1)
+    w = tf.concat([matmul(q, block, transpose_b=True, tf32=tf32) for block in k], axis=-1)
     w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
-    parts = tf.split(tf.reshape(w, [batch * heads, n, -1]), sizes, axis=-1)
-    a = tf.add_n([each(j, block, lambda b, part=part: matmul(part, b, tf32=tf32), [batch * heads, n, features])
-                  for j, (part, block) in enumerate(zip(parts, v))])
+    parts = tf.split(tf.reshape(w, [batch * heads, n, -1]), [shape_list(block)[1] for block in v], axis=-1)
+    a = tf.add_n([matmul(part, block, tf32=tf32) for part, block in zip(parts, v)])
     return tf.reshape(a, [batch, heads, n, features])

@@ -5,26 +5,20 @@ The cache and what a slot's request keeps (its logit bias, the penalties' counts
 strings and stop token sequences and how far its text has gone into them) live in variables
 that the programs update in place (XLA aliases a variable's buffer with its update), so a step
 reads only what it needs: the weights and, per slot, the first `window` positions of the cache.
-Four programs, each compiled once per shape bucket, never per request (`warm` compiles them
-all before the first request):
+Four programs, each compiled once per shape bucket, never per request:
 
 - `admit(slot, prompt, request)`: a sequence takes a slot: its bias row, zero counts, for the
   repetition penalty the tokens of its prompt (`controls.start_state`), and its stops;
-- `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache (a program
-  per chunk size, and per whether the prompt's log-probabilities are asked);
+- `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache;
 - `move(source, target)`: a sequence's cache and request from one slot to another (the host
   moves sequences down into free slots, so that steps stay narrow);
-- `decode(ints, floats, seed, window, texts)`: up to `steps` new tokens for each of the first B
+- `decode(ints, floats, seed, window, stops)`: up to `steps` new tokens for each of the first B
   slots (B the arrays' width, a program per width: a few sequences pay for their own rows, not
   for `max_batch`), each fed at its own position, then the one per-token step (`step.step`:
   the controls, the sampler, end-of-text, stops, log-probabilities) with its row's request, the
   k-th draw of a sequence from (seed, k) as `tfgpt2.generate` draws it, so that a sequence's
-  tokens never depend on what shares the batch. Stop strings are matched at the smallest shape
-  bucket that holds the step's (`stop_bucket`: a branch of the program, not another one).
-
-The attention window (the first `window` positions of each slot's cache) is a value, not a
-shape: every program holds all of a slot's blocks, and reads and multiplies only the blocks of
-the window (`cache.call_with_slots`'s `used`), so that one program serves every window.
+  tokens never depend on what shares the batch. Stop strings and stop token sequences enter a
+  program only where a sequence of the step has some (`stops`: their shape bucket).
 
 Besides them, `load(slot, pool)` and `save(slot, places)` copy whole cache blocks between a slot
 and the prefix cache's pool (`decoding.prefix`), as TensorFlow runs them (nothing to compile).
@@ -40,11 +34,9 @@ from . import layouts
 from . import step as per_token
 from . import stops as text_stops
 from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache
-from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS, Request
+from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS
 
 STOP_TOKENS = 16  # the longest stop token sequence a slot holds
-TEXT_STOPS = ((4, 16),)  # (strings, bytes): the shapes below the slots' own that a decode step matches stops at
-TEXT_CONTROLS = ("stops", "stop_lengths", "vocabulary")  # the step's controls of stop strings
 INTS = ("token", "position", "budget", "count", "length", "top_k", "logprobs", "biased", "stop_at_eot",
         "min_tokens", "include_stop")  # `decode`'s int32 rows
 FLOATS = ("temperature", "top_p", "min_p", *control.PENALTIES)  # its float32 rows
@@ -69,7 +61,6 @@ class Slots:
             self.vocabulary_bytes, self.vocabulary_lengths = (tf.Variable(a, trainable=False) for a in (
                 vocabulary.bytes, vocabulary.lengths))
         self.length = blocks_for(hp.n_ctx + chunk) * BLOCK
-        self.window = hp.n_ctx  # every program's attention window: its blocks are read where used
         self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
                       for layer in slot_cache(model, max_batch, self.length)]
         self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)
@@ -88,7 +79,7 @@ class Slots:
         self.slot_state = (self.bias, self.counts, self.seen, self.ends, self.stop_ids, self.recent, self.stops,
                            self.stop_lengths, self.prefixes)  # a slot's row of each: what `move` moves
         # on a CPU, the block weights multiplied on every core at a few rows (`layouts`), as
-        # `generator.weights_for` picks them: at one row without a copy (`layouts_for`)
+        # `generator.weights_for` picks them: at one slot without a copy
         self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
                         layouts.split(model) if max_batch == 1 else layouts.transposed(model))
         self.programs, self.copies = {}, {}  # the compiled programs; the prefix cache's copies (not compiled)
@@ -105,7 +96,7 @@ class Slots:
     def admit(self, slot, prompt, request):
         """Slot `slot` for a sequence whose prompt is `prompt` (token ids), generated with
         `request` (a `decoding.request.Request`): its bias row, no tokens counted, its prompt's
-        tokens seen, its stops (whose bucket it returns: `stop_bucket`)."""
+        tokens seen, its stops (whose shapes it returns: `stop_shape`)."""
         hp = self.model.hparams
         prompt = prompt[-hp.n_ctx:]
         padded = np.zeros(hp.n_ctx, np.int32)
@@ -124,26 +115,8 @@ class Slots:
         args = (where, padded, bias, ends, ids, data[0], lengths[0])
         run = self.program("admit", *(tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)) for a in args))
         run(*(tf.constant(a) for a in args))
-        return stop_bucket(request)
+        return stop_shape(request)
 
-    def warm(self, widths, sizes, *, move=True, copies=0):
-        """Compiles the programs that a host calls with decode steps of `widths` rows and prefill
-        chunks of `sizes` tokens (scored and not), `admit`, and `move` (where `move`), and runs
-        the prefix cache's copies of the first `copies` blocks: each once, on slot 0 before
-        anything is in it (a decode step without budget makes nothing)."""
-        self.admit(0, [0], Request(length=1))
-        if move:
-            self.move(0, 0)
-        for size in sizes:
-            for targets in (None, np.zeros(size, np.int32)):
-                self.prefill(np.zeros(size, np.int32), 0, 0, size, targets)
-        for rows in widths:
-            self.decode(np.zeros([len(INTS), rows], np.int32), np.zeros([len(FLOATS), rows], np.float32),
-                        np.zeros(rows, np.int64), self.window)
-        if self.pool[0][0].shape[0]:
-            for j in range(copies):
-                for into_slot in (False, True):
-                    self.copy(j, into_slot=into_slot)(tf.constant(0), tf.constant(0))
 
     def move(self, source, target):
         """The sequence in slot `source` to slot `target` (whose sequence has left): its cache
@@ -188,22 +161,20 @@ class Slots:
         how likely each was (`step.log_probabilities`: [C], [C, N], [C, N], numpy), for the
         log-probabilities of a prompt, and each target's rank ([C])."""
         score = targets is not None
-        specs = ([tf.TensorSpec([1, len(tokens)], tf.int32), tf.TensorSpec([3], tf.int32)]
+        specs = ([tf.TensorSpec([1, len(tokens)], tf.int32), tf.TensorSpec([2], tf.int32)]
                  + [tf.TensorSpec([len(tokens)], tf.int32)] * score)
-        args = [tokens[None], [slot, start, blocks_for(window)]] + [targets] * score
-        out = self.program("prefill", *specs)(*(tf.constant(a, tf.int32) for a in args))
+        args = [tokens[None], [slot, start]] + [targets] * score
+        out = self.program("prefill", *specs, window=window)(*(tf.constant(a, tf.int32) for a in args))
         return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy(), out[2].numpy()) if score else None
 
-    def decode(self, ints, floats, seed, window, texts=0):
+    def decode(self, ints, floats, seed, window, stops=(None, None)):
         """Up to `steps` new tokens for each of the first B slots (`_decode`), from numpy arrays:
         `ints` [len(INTS), B] int32, `floats` [len(FLOATS), B] float32, `seed` [B] int64 (B <=
-        max_batch), attending over the first `window` positions; `texts`: the largest
-        `stop_bucket` of the rows. Returns numpy arrays."""
+        max_batch); `stops`: the largest `stop_shape` of the rows. Returns numpy arrays."""
         run = self.program("decode", tf.TensorSpec(ints.shape, tf.int32), tf.TensorSpec(floats.shape, tf.float32),
-                           tf.TensorSpec(seed.shape, tf.int64), tf.TensorSpec([2], tf.int32))
+                           tf.TensorSpec(seed.shape, tf.int64), window=window, stops=tuple(stops))
         tokens, count, finish, cut, logprob, (ids, top) = run(tf.constant(ints), tf.constant(floats),
-                                                              tf.constant(seed),
-                                                              tf.constant([blocks_for(window), texts], tf.int32))
+                                                              tf.constant(seed))
         wanted = ints[INTS.index("logprobs")].any()
         return (tokens.numpy(), count.numpy(), finish.numpy(), cut.numpy(),
                 (logprob.numpy(), ids.numpy(), top.numpy()) if wanted else None)
@@ -226,10 +197,9 @@ class Slots:
         for variable in self.slot_state:  # [slots, ...]
             variable.scatter_nd_update(slots[1:, None], tf.gather(variable, slots[:1]))
 
-    def _prefill(self, tokens, where, targets=None):
-        logits, cache = call_with_slots(self.model, tokens, self._read(), where[1:2], window=self.window,
-                                        slot=where[:1], layouts=self.layouts, every_position=targets is not None,
-                                        used=where[2])
+    def _prefill(self, tokens, where, targets=None, *, window):
+        logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window,
+                                        slot=where[:1], layouts=self.layouts, every_position=targets is not None)
         self._store(cache)
         if targets is not None:  # with each target's rank (1: the most likely), as vLLM's prompt_logprobs
             chosen, top = per_token.log_probabilities(logits[0], targets)
@@ -237,7 +207,7 @@ class Slots:
             rank = 1 + tf.reduce_sum(tf.cast(logp > chosen[:, None], tf.int32), -1)
             return chosen, top, rank
 
-    def _decode(self, ints, floats, seed, shape):
+    def _decode(self, ints, floats, seed, *, window, stops):
         """Up to `steps` new tokens per slot: its `token` fed at its `position`, each new token
         fed after it, while the slot has `budget` tokens left in this call and the step has not
         ended it; token k of a slot draws with the pair (seed, count + k); `logprobs` rows (1)
@@ -245,17 +215,19 @@ class Slots:
         tokens [B, steps], the count of each row's new tokens [B], how each ended [B] (`step`;
         IDLE: not ended) and what to cut [B], and the log-probability of each token [B, steps]
         with the MAX_LOGPROBS most likely ids and theirs [B, steps, N] (zeros unless a row
-        asked). `biased` rows have a logit bias. `shape`: the blocks of the window that the step
-        reads, and the bucket of its stop strings (`stop_bucket`)."""
+        asked). `biased` rows have a logit bias."""
         row = dict(zip(INTS, tf.unstack(ints)), **dict(zip(FLOATS, tf.unstack(floats))))
         batch = ints.shape[1]  # the first `batch` slots (every slot's blocks of the window go through the loop)
-        controls = self._controls(row, seed, batch)
+        controls = self._controls(row, seed, batch, stops)
         zeros = tf.zeros([batch, self.steps], tf.float32)
         step_state = dict(count=row["count"], finish=tf.where(row["budget"] > 0, 0, IDLE),
                           cut=tf.zeros_like(row["count"]), counts=self.counts.value()[:batch],
-                          seen=self.seen.value()[:batch], recent=self.recent.value()[:batch],
-                          prefixes=self.prefixes.value()[:batch])
-        start = dict(j=tf.constant(0), token=row["token"], position=row["position"], cache=self._read(),
+                          seen=self.seen.value()[:batch])
+        if stops[1] is not None:
+            step_state["recent"] = self.recent.value()[:batch, STOP_TOKENS - stops[1][1]:]
+        if stops[0] is not None:
+            step_state["prefixes"] = self.prefixes.value()[:batch, :stops[0][0], :stops[0][1]]
+        start = dict(j=tf.constant(0), token=row["token"], position=row["position"], cache=self._read(window),
                      step=step_state, tokens=tf.zeros([batch, self.steps], tf.int32), logprob=zeros,
                      top=(tf.zeros([batch, self.steps, MAX_LOGPROBS], tf.int32),
                           tf.zeros([batch, self.steps, MAX_LOGPROBS])))
@@ -263,9 +235,9 @@ class Slots:
         def body(s):
             alive = tf.equal(s["step"]["finish"], 0)
             at = tf.where(alive, s["position"], self.length - 1)  # a stopped row writes past its window
-            logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=self.window,
-                                            layouts=self.layouts_for(batch), used=shape[0])
-            token, stepped = self._step(logits, s["step"], controls, shape[1])
+            logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
+                                            layouts=self.layouts)
+            token, stepped, _ = per_token.step(logits, s["step"], controls)
             spent = tf.equal(stepped["finish"], 0) & (stepped["count"] - row["count"] >= row["budget"])
             stepped["finish"] = tf.where(spent, IDLE, stepped["finish"])
             column = tf.stack([tf.range(batch), tf.fill([batch], s["j"])], axis=1)
@@ -283,37 +255,15 @@ class Slots:
         self._store(s["cache"])
         end = s["step"]
         self.counts[:batch].assign(end["counts"])
-        self.recent[:batch].assign(end["recent"])
-        self.prefixes[:batch].assign(end["prefixes"])
+        if stops[1] is not None:
+            self.recent[:batch, STOP_TOKENS - stops[1][1]:].assign(end["recent"])
+        if stops[0] is not None:
+            self.prefixes[:batch, :stops[0][0], :stops[0][1]].assign(end["prefixes"])
         return s["tokens"], end["count"] - row["count"], end["finish"], end["cut"], s["logprob"], s["top"]
 
-    def _step(self, logits, state, controls, texts):
-        """`step.step` with the stop strings at the bucket `texts` (`stop_bucket`): 0, none; then
-        each of TEXT_STOPS; last, the slots' whole shape. A branch each, so that a step without
-        stop strings does no matching, and one with a few short ones little. Returns the tokens
-        and the new state."""
-        def plain():
-            token, stepped, _ = per_token.step(logits, {k: v for k, v in state.items() if k != "prefixes"},
-                                               {k: v for k, v in controls.items() if k not in TEXT_CONTROLS})
-            return token, dict(stepped, prefixes=state["prefixes"])
-
-        def matching(strings, width):
-            def run():
-                token, stepped, _ = per_token.step(logits, dict(state, prefixes=state["prefixes"][:, :strings, :width]),
-                                                   dict(controls, stops=controls["stops"][:, :strings, :width],
-                                                        stop_lengths=controls["stop_lengths"][:, :strings]))
-                padding = [[0, 0], [0, MAX_STOPS - strings], [0, MAX_STOP_BYTES - width]]
-                return token, dict(stepped, prefixes=tf.pad(stepped["prefixes"], padding))
-            return run
-        if "stops" not in controls:  # no vocabulary: no stop strings
-            return plain()
-        shapes = TEXT_STOPS + ((MAX_STOPS, MAX_STOP_BYTES),)
-        return tf.switch_case(texts, [plain] + [matching(*shape) for shape in shapes])
-
-    def _controls(self, row, seed, batch):
+    def _controls(self, row, seed, batch, stops):
         """The step's controls for the first `batch` slots: their rows of the call and of the
-        variables (every stop string and stop token sequence a slot holds: `_step` matches the
-        stop strings at their bucket)."""
+        variables; the stops' only where `stops` (their shapes) says a row has some."""
         controls = dict(temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"], seed=seed,
                         length=row["length"], stop_at_eot=row["stop_at_eot"] > 0, eot=tf.constant(self.eot, tf.int32),
                         min_p=row["min_p"], bias=self.bias.value()[:batch], min_tokens=row["min_tokens"],
@@ -321,20 +271,19 @@ class Slots:
                         **{key: row[key] for key in control.PENALTIES})
         used = [row["biased"] > 0] + [row[key] != off for key, off in control.OFF.items()]
         controls["adjusting"] = tf.reduce_any(tf.stack(used))  # else the logits stay as they are
-        controls["stop_ids"] = self.stop_ids.value()[:batch]
-        if hasattr(self, "vocabulary_bytes"):
-            controls.update(stops=self.stops.value()[:batch], stop_lengths=self.stop_lengths.value()[:batch],
+        texts, ids = stops
+        if ids is not None:
+            controls["stop_ids"] = self.stop_ids.value()[:batch, :ids[0], STOP_TOKENS - ids[1]:]
+        if texts is not None:
+            controls.update(stops=self.stops.value()[:batch, :texts[0], :texts[1]],
+                            stop_lengths=self.stop_lengths.value()[:batch, :texts[0]],
                             vocabulary=(self.vocabulary_bytes.value(), self.vocabulary_lengths.value()))
         return controls
 
-    def layouts_for(self, rows):
-        """The layouts of a step of `rows` rows: at one row the products over slices of the
-        weights (`layouts.split`: no copy, and faster there than the transposed copies)."""
-        return layouts.split(self.model) if rows == 1 and self.layouts is not None else self.layouts
-
-    def _read(self):
-        """Each layer's (keys, values) blocks that hold the first `window` positions."""
-        return [tuple(tuple(block.value() for block in part[:blocks_for(self.window)]) for part in layer)
+    def _read(self, window):
+        """Each layer's (keys, values) blocks that hold the first `window` positions: a program
+        takes (and the runtime hands it) only the variables it uses."""
+        return [tuple(tuple(block.value() for block in part[:blocks_for(window)]) for part in layer)
                 for layer in self.cache]
 
     def _store(self, cache):
@@ -348,11 +297,24 @@ class Slots:
         return tf.nest.flatten([tuple(part[:blocks] for part in layer) for layer in self.cache])
 
 
-def stop_bucket(request):
-    """The bucket of a request's stop strings as a decode step matches them (`Slots._step`): 0
-    for none, 1 + the index of the first of TEXT_STOPS that holds them, or len(TEXT_STOPS) + 1."""
-    if not request.stop:
-        return 0
-    longest = max(len(text.encode("utf-8")) for text in request.stop)
-    return 1 + next((n for n, (strings, width) in enumerate(TEXT_STOPS) if len(request.stop) <= strings
-                     and longest <= width), len(TEXT_STOPS))
+def stop_shape(request):
+    """The shapes of a request's stops as a decode program takes them: ((stop strings, bytes of
+    the longest) or None, (stop token sequences, tokens of the longest) or None), powers of two
+    (`stops.stop_bytes`)."""
+    texts = None
+    if request.stop:
+        data, _ = text_stops.stop_bytes([request.stop])
+        texts = data.shape[1:]
+    ids = None
+    if request.stop_token_ids:
+        ids = (_power_of_two(len(request.stop_token_ids)), _power_of_two(max(map(len, request.stop_token_ids))))
+    return texts, ids
+
+
+def wider(a, b):
+    """The stop shape that holds both (`stop_shape`)."""
+    return tuple(x if y is None else y if x is None else tuple(map(max, x, y)) for x, y in zip(a, b))
+
+
+def _power_of_two(n):
+    return 1 << (n - 1).bit_length()

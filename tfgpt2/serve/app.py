@@ -44,8 +44,8 @@ class Metrics:
     """The server's Prometheus metrics, in a registry of its own: requests by status, prompt
     tokens, and vLLM's latencies (time to first token, between tokens, in the queue, of whole
     requests) counted here; tokens generated, queue depth, running completions, batch
-    occupancy, compiled programs (and those the start-up warm-up compiled, with its seconds)
-    and the prefix cache's queries and hits read from the scheduler at each scrape."""
+    occupancy, compiled programs and the prefix cache's queries and hits read from the
+    scheduler at each scrape."""
 
     def __init__(self, scheduler):
         self.registry = r = CollectorRegistry()
@@ -70,9 +70,7 @@ class Metrics:
                                   ("running", "Completions in a slot", s.occupied),
                                   ("batch_occupancy", "Share of the slots in use", s.occupied / s.max_batch),
                                   ("compiled_programs", "Programs compiled (one per shape bucket)",
-                                   len(s.slots.programs))] + ([] if s.warmed is None else [
-                ("warmup_programs", "Programs the start-up warm-up compiled", s.warmed[0]),
-                ("warmup_seconds", "Seconds the start-up warm-up took", s.warmed[1])]):
+                                   len(s.slots.programs))]:
             yield GaugeMetricFamily("tfgpt2_" + name, text, value=value)
         for name, text in [("queries", "Prompt tokens looked up in the prefix cache"),
                            ("hits", "Prompt tokens found in the prefix cache (read from it, not computed)")]:
@@ -155,15 +153,13 @@ def _skipped(token_bytes, special, token):
 
 
 def create_app(scheduler, *, model_name, encoder, hparams, api_key=None, public_metrics=False, max_body=MAX_BODY,
-               docs=False, warm_up=True):
+               docs=False):
     """The FastAPI app serving `scheduler`'s model as `model_name`; its engine thread starts and
-    stops with the app, after the scheduler's warm-up (`Scheduler.warm_up`, where `warm_up`:
-    uvicorn listens once it is over, so that /health answers only when no request will wait
-    on a compile). `api_key`: the key every route but /health needs (and /metrics unless
+    stops with the app. `api_key`: the key every route but /health needs (and /metrics unless
     `public_metrics`); `max_body`: the largest request body in bytes; `docs`: FastAPI's /docs,
     /redoc and /openapi.json. `app.state.draining` refuses new work."""
     paths = ("/docs", "/redoc", "/openapi.json") if docs else (None, None, None)
-    app = FastAPI(title="tfgpt2", lifespan=lambda app: _Engine(scheduler, warm_up),
+    app = FastAPI(title="tfgpt2", lifespan=lambda app: _Engine(scheduler),
                   **dict(zip(("docs_url", "redoc_url", "openapi_url"), paths)))
     app.state.draining, app.state.active, app.state.runs = False, 0, set()
     metrics = Metrics(scheduler)
@@ -414,16 +410,12 @@ def _event(data):
 
 
 class _Engine:
-    """The app's lifespan: the scheduler's warm-up (where `warm_up`), then its engine thread,
-    started and stopped with it."""
+    """The app's lifespan: the scheduler's engine thread, started and stopped with it."""
 
-    def __init__(self, scheduler, warm_up):
-        self.scheduler, self.warm_up = scheduler, warm_up
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
 
     async def __aenter__(self):
-        if self.warm_up:
-            programs, seconds = await asyncio.to_thread(self.scheduler.warm_up)
-            log.info("warm-up: %d programs compiled in %.1f s", programs, seconds)
         self.thread = threading.Thread(target=self.scheduler.run, name="tfgpt2-engine", daemon=True)
         self.thread.start()
 
@@ -435,19 +427,17 @@ class _Engine:
 
 def serve(model, encoder, *, model_name, host="127.0.0.1", port=8000, max_batch=16, max_queue=256, chunk=64,
           steps=1, prefix_blocks=64, log_level="warning", ready=None, api_key=None, public_metrics=False,
-          max_body=MAX_BODY, request_timeout=30, drain_timeout=30, docs=False, warm_up=True):
+          max_body=MAX_BODY, request_timeout=30, drain_timeout=30, docs=False):
     """Serve `model` as `model_name` on host:port until a signal drains the server
     (`server.Server`): `max_batch` slots, `max_queue` completions waiting, prefill chunks of up
     to `chunk` tokens, up to `steps` tokens per decode call, a prefix cache of `prefix_blocks`
     blocks (`scheduler.Scheduler`); `api_key`, `public_metrics`, `max_body` and `docs` as
     `create_app` takes them; a request must be in whole within `request_timeout` seconds
-    (`server.Protocol`), and the drain ends within `drain_timeout`. With `warm_up`, every
-    program is compiled before the port listens (`create_app`). `ready(warmed)` is called once
-    the port listens, with the warm-up's (programs, seconds) or None."""
+    (`server.Protocol`), and the drain ends within `drain_timeout`. `ready()` is called once the
+    port listens."""
     scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue, chunk=chunk, steps=steps,
                           eot=encoder.eot_token, prefix_blocks=prefix_blocks, vocabulary=Vocabulary.of(encoder))
     app = create_app(scheduler, model_name=model_name, encoder=encoder, hparams=model.hparams, api_key=api_key,
-                     public_metrics=public_metrics, max_body=max_body, docs=docs, warm_up=warm_up)
+                     public_metrics=public_metrics, max_body=max_body, docs=docs)
     settings = config(app, host=host, port=port, log_level=log_level, request_timeout=request_timeout)
-    Server(settings, app, scheduler, drain_timeout=drain_timeout,
-           ready=ready and (lambda: ready(scheduler.warmed))).run()
+    Server(settings, app, scheduler, drain_timeout=drain_timeout, ready=ready).run()

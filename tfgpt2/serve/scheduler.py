@@ -19,16 +19,17 @@ import traceback
 
 import numpy as np
 
+from ..decoding.buckets import bucket
 from ..decoding.cache import BLOCK, blocks_for
 from ..decoding.controls import PENALTIES
 from ..decoding.prefix import PrefixCache
-from ..decoding.slots import FLOATS, IDLE, INTS, Slots
+from ..decoding.slots import FLOATS, IDLE, INTS, Slots, wider
 from ..decoding.step import LENGTH
 
 ERROR = -2  # a sink's `finish` where the step failed
 PER_SLOT = ("top_k", "length", "logprobs", "biased", "stop_at_eot", "min_tokens", "include_stop")  # a request's ints
 
-MIN_CHUNK = 16  # the shortest prefill chunk (chunks are powers of two up to `chunk`: `chunk_size`)
+MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
 
 
 class QueueFull(Exception):
@@ -52,7 +53,7 @@ class Sequence:
         self.max_tokens, self.context_keep = request.length, request.context_keep
         self.logprobs = request.logprobs is not None
         self.score_prompt, self.prompt_logprobs, self.generate = score_prompt, [], generate
-        self.stop_bucket = 0  # its stop strings' bucket, as a decode step matches them (`slots.stop_bucket`)
+        self.stop_shape = (None, None)  # the shapes of its stops, as a decode program takes them
         self.generated = []
         self.slot = None
         self.context, self.prefilled = self.prompt, 0  # what the slot's cache holds (a window, past n_ctx)
@@ -95,19 +96,6 @@ class Scheduler:
         # each slot's sampling values, as `Slots.decode` takes them
         self.floats = np.zeros([len(FLOATS), max_batch], np.float32)
         self.ints, self.seed = np.zeros([len(PER_SLOT), max_batch], np.int32), np.zeros(max_batch, np.int64)
-        self.warmed = None  # (programs, seconds) of `warm_up`
-
-    def warm_up(self):
-        """Compiles every program that `step` can call (a decode step at each `width`, a prefill
-        chunk of each `chunk_size`, scored or not, admit, move, the prefix cache's copies), so
-        that no request waits on a compile; before `run`. Returns (programs, seconds)."""
-        start = time.monotonic()
-        widths = sorted({width(n, self.max_batch) for n in range(1, self.max_batch + 1)})
-        sizes = sorted({chunk_size(n, self.chunk) for n in range(1, self.chunk + 1)})
-        self.slots.warm(widths, sizes, move=self.max_batch > 1,
-                        copies=blocks_for(self.n_ctx) if self.prefix else 0)
-        self.warmed = len(self.slots.programs), time.monotonic() - start
-        return self.warmed
 
     # ---- any thread --------------------------------------------------------------------
 
@@ -222,7 +210,7 @@ class Scheduler:
         self.ints[:, slot] = [r.top_k, r.length, sequence.logprobs, bool(r.logit_bias), r.stop_at_eot, r.min_tokens,
                               r.include_stop_str_in_output]
         self.seed[slot] = r.seed
-        sequence.stop_bucket = self.slots.admit(slot, sequence.prompt, r)
+        sequence.stop_shape = self.slots.admit(slot, sequence.prompt, r)
         sequence.since_context = 0
         if self._cacheable(sequence):
             pool = self.prefix.lookup(sequence.prompt, self._whole_chunks(len(sequence.prompt) - 1))
@@ -233,7 +221,7 @@ class Scheduler:
     def _prefill(self, sequence):
         """The next chunk of the sequence's context (its last token is fed by `_decode`)."""
         start, end = sequence.prefilled, len(sequence.context) - 1
-        size = chunk_size(end - start, self.chunk)
+        size = min(self.chunk, bucket(end - start, minimum=MIN_CHUNK))
         piece = sequence.context[start:min(end, start + size)]
         tokens = np.zeros(size, np.int32)
         tokens[:len(piece)] = piece
@@ -266,15 +254,15 @@ class Scheduler:
         ready = [s for s in self.running if s is not None and not s.prefilling]
         rows = width(max(s.slot for s in ready) + 1, self.max_batch)  # the slots the step runs
         ints = dict(zip(INTS, np.zeros([len(INTS), rows], np.int32)), **dict(zip(PER_SLOT, self.ints[:, :rows])))
-        texts = 0
+        stops = (None, None)
         for s in ready:
             ints["token"][s.slot] = s.generated[-1] if s.since_context else s.context[-1]
             ints["position"][s.slot], ints["count"][s.slot] = s.position, len(s.generated)
             ints["budget"][s.slot] = min(steps, s.max_tokens - len(s.generated), self.n_ctx - s.position)
-            texts = max(texts, s.stop_bucket)
+            stops = wider(stops, s.stop_shape)
         tokens, count, finish, cut, logprobs = self.slots.decode(
             np.stack([ints[name] for name in INTS]), self.floats[:, :rows], self.seed[:rows],
-            window(int(max(ints["position"] + ints["budget"])), self.n_ctx), texts)
+            window(int(max(ints["position"] + ints["budget"])), self.n_ctx), stops)
         for s in ready:
             new = tokens[s.slot, :count[s.slot]].tolist()
             self._advance(s, new, [tuple(values[s.slot, j] for values in logprobs) for j in range(len(new))]
@@ -317,16 +305,9 @@ class Scheduler:
 
 
 def window(positions, n_ctx):
-    """The attention window for `positions` positions: whole blocks of the cache
-    (`decoding.cache.BLOCK`: 64, 128, 192, ...), at most n_ctx (a value: every window runs the
-    same programs)."""
+    """The attention window (a compile bucket) for `positions` positions: whole blocks of the
+    cache (`decoding.cache.BLOCK`: 64, 128, 192, ...), at most n_ctx."""
     return min(blocks_for(positions) * BLOCK, n_ctx)
-
-
-def chunk_size(tokens, chunk):
-    """The prefill chunk (a compile bucket) for `tokens` tokens still to read: the power of two
-    from MIN_CHUNK that holds them, at most `chunk`."""
-    return min(chunk, 1 << (max(tokens, MIN_CHUNK) - 1).bit_length())
 
 
 def width(slots, max_batch):
