@@ -195,10 +195,12 @@ def test_generation_report_beside_llama_cpp(tiny_dir, tmp_path):
     assert ours["vs_llama_cpp"] == pytest.approx(ours["tokens_per_s"]["median"] / peer["tokens_per_s"]["median"])
     assert "f16 weights" in " ".join(data["notes"])  # bfloat16's peer weights
     assert [h["what"] for h in data["headlines"]] == [
-        "generation, batch 2, tfgpt2-xla", "decode and prefill, batch 1, tfgpt2-xla bfloat16 against llama.cpp F16",
-        "bfloat16 against float32"]
+        "generation, batch 2, tfgpt2-xla", "decode and prefill, batch 1, tfgpt2-xla bfloat16 against llama.cpp F16"]
     quality = data["tables"][1]
     assert quality["title"] == "bfloat16 against float32" and 0 <= quality["rows"][0]["agreement"] <= 1
+    assert data["headlines"][1]["figure"].endswith(f"; greedy agreement with float32 "
+                                                   f"{quality['rows'][0]['agreement']:.3f}, loss ratio "
+                                                   f"{quality['rows'][0]['ratio']:.4f}")
 
 
 def test_tokenizer_report(tmp_path):

@@ -434,14 +434,24 @@ def main(argv=None):
                                                            f"{args.dtype} against float32") for q in against]
     report.publish(args, "Generation speed", tables, tool=__file__, argv=argv, settings=settings,
                    notes=notes_of(args, results, skipped, against),
-                   headlines=headlines(rows, args.dtype, llama_peer.gguf_type(args)) + quality_headlines(against))
+                   headlines=with_quality(headlines(rows, args.dtype, llama_peer.gguf_type(args)), against))
     return 0 if all("error" not in r or k[0] in ONE_ROW and k[1] > 1 for k, r in results.items()) \
         and all("error" not in q for q in against) else 1
 
 
-def quality_headlines(against):
-    return [{"what": f"{q['dtype']} against float32", "figure": f"greedy agreement {q['agreement']:.3f}, "
-             f"loss ratio {q['ratio']:.4f}"} for q in against if "error" not in q]
+def with_quality(found, against):
+    """The headlines with --dtype's quality against float32: on llama.cpp's headline where it
+    ran, else as a headline of its own."""
+    for q in against:
+        if "error" in q:
+            continue
+        text = f"greedy agreement with float32 {q['agreement']:.3f}, loss ratio {q['ratio']:.4f}"
+        peer = [h for h in found if h["what"].startswith("decode and prefill")]
+        if peer:
+            peer[-1]["figure"] += "; " + text
+        else:
+            found.append({"what": f"{q['dtype']} against float32", "figure": text})
+    return found
 
 
 if __name__ == "__main__":
