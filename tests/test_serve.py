@@ -540,7 +540,7 @@ def test_max_tokens_0_with_echo_scores_the_prompt(server, client, tiny):
                                     extra_body=dict(truncate_prompt_tokens=3, return_tokens_as_token_ids=True))
     assert cut.choices[0].text == ENCODER.decode(prompt[-3:]) and cut.usage.prompt_tokens == 3
     assert cut.choices[0].logprobs.tokens == [f"token_id:{t}" for t in prompt[-3:]]
-    answer = httpx.post(server.url + "/v1/completions", headers=AUTH, json=dict(
+    answer = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=120, json=dict(
         model="tiny", prompt=prompt, max_tokens=1, temperature=0, prompt_logprobs=1)).json()
     rows = answer["choices"][0]["prompt_logprobs"]
     assert rows[0] is None and len(rows) == len(prompt)
