@@ -273,6 +273,52 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
         engine.result(timeout=60)
 
 
+@pytest.mark.slow  # compiles the warm-up's 7 programs: about 20 s on 2 cores
+def test_a_warmed_scheduler_compiles_nothing_on_a_step_and_its_stand_ins_make_generates_tokens(tiny):
+    """After `warm_up`, sequences run without a compile on the engine thread: a prompt of 3
+    tokens alone (its chunk of 16 read by the warm-up's chunk of 32, padded), then three at once
+    (steps one and two slots wide) with a stop string and a stop token sequence that end them
+    (run by the warm-up's step two rows wide with room for every stop, a row padded where one
+    runs alone) and a scored prompt of 40 tokens (two chunks). Each makes `generate`'s tokens for
+    its prompt alone, to its stop; the scored prompt's log-probabilities are the model's."""
+    from tfgpt2.decoding.stops import Vocabulary
+    from tfgpt2.sample import generate
+    from tfgpt2.serve.scheduler import Scheduler, Sequence
+    scheduler = Scheduler(tiny, max_batch=2, max_queue=8, chunk=32, eot=ENCODER.eot_token,
+                          vocabulary=Vocabulary.of(ENCODER))
+    eot = {ENCODER.eot_token: -100.0}  # banned: each sequence makes its tokens
+    prompts = [list(range(300, 303)), ENCODER.encode(PROMPTS[0]), list(range(100, 120)), list(range(200, 240))]
+    rows = generate(tiny, prompts, NEW, temperature=0, logit_bias=eot)  # each row as if alone
+    alone_ = [row[len(p):len(p) + NEW].tolist() for p, row in zip(prompts, rows)]
+    controls = [{}, dict(stop=(ENCODER.decode(alone_[1][4:6]),)), dict(stop_token_ids=((alone_[2][3], alone_[2][4]),)),
+                {}]
+    ended = [alone_[0], alone_[1][:6], alone_[2][:5], alone_[3]]  # to the stop string's end, and the stop tokens
+    done = [concurrent.futures.Future() for _ in prompts]
+    sequences = [Sequence(p, greedy(tiny, NEW, logit_bias=eot, **c), lambda tokens, logprobs, end, cut, f=f: end
+                          and f.set_result(end), score_prompt=i == 3)
+                 for i, (p, c, f) in enumerate(zip(prompts, controls, done))]
+    assert scheduler.warm_up() > 0
+    programs = scheduler.slots.programs
+    assert programs.count("warmup") == len(programs) == 7  # decode at 1 and 2 rows (+ stops), 2 prefills, admit, move
+    engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
+    try:
+        scheduler.submit(sequences[:1])
+        done[0].result(timeout=300)
+        scheduler.submit(sequences[1:])
+        concurrent.futures.wait(done, timeout=300)
+        assert programs.count("request") == 0 and programs.stand_ins > 0 and programs.pending > 0
+    finally:
+        scheduler.close()
+        engine.result(timeout=60)
+        assert programs.idle(timeout=300)  # the compile under way ends, the others are dropped
+    assert [s.generated for s in sequences] == ended
+    logits = tiny(np.array([prompts[3]]))["logits"].numpy()[0].astype(np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    scored = np.array([entry[0] for entry in sequences[3].prompt_logprobs])
+    np.testing.assert_allclose(scored, logp[np.arange(39), prompts[3][1:]], atol=1e-4, rtol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory):
     """The tiny model's shape with a context of 128 positions: two blocks of the slot cache."""
@@ -713,7 +759,7 @@ def test_tokenize_and_detokenize_round_trip(server):
 def metric(url, name):
     """A figure of the server's /metrics."""
     text = httpx.get(url + "/metrics", headers=AUTH).text
-    return float(re.search("^" + name + r" (\S+)$", text, re.M).group(1))
+    return float(re.search("^" + re.escape(name) + r" (\S+)$", text, re.M).group(1))
 
 
 def token_ids(logprobs):
@@ -735,16 +781,36 @@ def test_past_n_ctx_with_context_keep_slides(client):
     assert token_ids(slid.choices[0].logprobs) == first + rest and slid.usage.completion_tokens == 80
 
 
+# Requests of each kind: prompts of 1 to 40 tokens (one to three chunks), n, sampling, stop
+# strings, stop token sequences, min_tokens, penalties and a bias, log-probabilities, echo,
+# prompt_logprobs, and one past n_ctx that slides
+VARIED = [dict(prompt=[1], max_tokens=3),
+          dict(prompt=PROMPTS[0], max_tokens=12, n=2, temperature=0.8, seed=1, stop=["\n", "the"], logprobs=2),
+          dict(prompt=list(range(100, 140)), max_tokens=8, echo=True, logprobs=1),
+          dict(prompt=list(range(200, 217)), max_tokens=20, stop=["a stop string of thirty bytes", "x", "y", "z", "w"],
+               frequency_penalty=0.5, presence_penalty=0.5, logit_bias={"11": 5},
+               extra_body=dict(repetition_penalty=1.3, stop_token_ids=[[1, 2], [3]], min_tokens=2,
+                               include_stop_str_in_output=True)),
+          dict(prompt=list(range(300, 320)), max_tokens=4, extra_body=dict(prompt_logprobs=2, ignore_eos=True)),
+          dict(prompt=[1], max_tokens=70, logit_bias=EOT_BANNED, extra_body=dict(context_keep=32))]
+ON_A_STEP = 'tfgpt2_compiled_programs{path="request"}'
+
+
 @pytest.mark.slow
-def test_programs_are_compiled_per_bucket_not_per_request(server, client):
-    """Once one request has run a bucket (one slot, a prompt chunk of 16, the window of 64),
-    requests of other prompt lengths, token counts and sampling values within it compile
-    nothing more."""
-    client.completions.create(model="tiny", prompt=list(range(100, 104)), max_tokens=4)
-    before = metric(server.url, "tfgpt2_compiled_programs")
-    for n, extra in [(3, {}), (5, dict(temperature=0.3, top_p=0.5)), (9, dict(logprobs=2, presence_penalty=1.0))]:
-        client.completions.create(model="tiny", prompt=list(range(100, 100 + n)), max_tokens=n, **extra)
-    assert metric(server.url, "tfgpt2_compiled_programs") == before > 0
+def test_a_server_compiles_nothing_on_a_requests_step(server, client):
+    """The server compiled its stand-ins before /health answered (with the warm-up's seconds):
+    requests of every kind, one at a time (steps one slot wide) and all at once (two and four
+    wide, sequences moving down as others end), compile nothing on a request's step
+    (`tfgpt2_compiled_programs{path="request"}` stays 0; their own programs compile in the
+    background, whatever ran before)."""
+    assert metric(server.url, 'tfgpt2_compiled_programs{path="warmup"}') > 0
+    assert metric(server.url, "tfgpt2_warmup_seconds") > 0 and metric(server.url, ON_A_STEP) == 0
+    for request in VARIED:
+        client.completions.create(model="tiny", **request)
+    with concurrent.futures.ThreadPoolExecutor(len(VARIED)) as pool:
+        list(pool.map(lambda request: client.completions.create(model="tiny", **request), VARIED + VARIED[:3]))
+    assert metric(server.url, ON_A_STEP) == 0
+    assert until(lambda: metric(server.url, "tfgpt2_compiles_pending") == 0, timeout=600)
 
 
 def log_lines(server, words):

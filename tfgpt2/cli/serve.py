@@ -46,6 +46,10 @@ def main(argv=None, prog="tfgpt2 serve"):
                         help="blocks of 64 prompt positions whose keys and values are kept, so that a prompt "
                              "that starts as an earlier one did reads its start from them (2 x n_layer x 64 x "
                              "n_embd values each: 2.4 MB for 124M in float32); 0: none (default 64)")
+    parser.add_argument("--no_warmup", action="store_true",
+                        help="listen at once, compiling each program when a step first needs it (the first "
+                             "requests wait on compiles); by default the programs that stand in for every "
+                             "step are compiled first, and the others in the background while serving")
     parser.add_argument("--served_model_name", metavar="NAME",
                         help="the model's id in the API (default: the model folder's name)")
     add_guard_flags(parser)
@@ -66,14 +70,17 @@ def main(argv=None, prog="tfgpt2 serve"):
     except (OSError, ValueError) as e:
         sys.exit(f"error: {e}")
     name = args.served_model_name or os.path.basename(os.path.normpath(folder))
+    if not args.no_warmup:
+        progress.note("warming up: compiling the programs that stand in for every step")
     serve(model, encoder, model_name=name, host=args.host, port=args.port, max_batch=args.max_batch,
           max_queue=args.max_queue, chunk=args.prefill_chunk, steps=args.decode_steps,
           prefix_blocks=args.prefix_cache_blocks,
           api_key=args.api_key or os.environ.get(API_KEY) or None, public_metrics=args.public_metrics,
           max_body=args.max_body_bytes, request_timeout=args.request_timeout, drain_timeout=args.drain_timeout,
-          docs=args.docs,
-          ready=lambda: progress.note(f"serving {name} on http://{args.host}:{args.port}/v1 "
-                                      f"({args.max_batch} slots)"))
+          docs=args.docs, warm_up=not args.no_warmup,
+          ready=lambda seconds: progress.note(f"serving {name} on http://{args.host}:{args.port}/v1 "
+                                              f"({args.max_batch} slots" + (
+                                                  "" if seconds is None else f"; warm-up {seconds:.1f} s") + ")"))
     return 0
 
 

@@ -5,7 +5,9 @@ The cache and what a slot's request keeps (its logit bias, the penalties' counts
 strings and stop token sequences and how far its text has gone into them) live in variables
 that the programs update in place (XLA aliases a variable's buffer with its update), so a step
 reads only what it needs: the weights and, per slot, the first `window` positions of the cache.
-Four programs, each compiled once per shape bucket, never per request:
+Four programs, each compiled once per shape bucket, never per request (`programs`: a few
+wide ones compiled before the first request stand in for the others while those compile in the
+background, `warm`):
 
 - `admit(slot, prompt, request)`: a sequence takes a slot: its bias row, zero counts, for the
   repetition penalty the tokens of its prompt (`controls.start_state`), and its stops;
@@ -34,7 +36,8 @@ from . import layouts
 from . import step as per_token
 from . import stops as text_stops
 from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache
-from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS
+from .programs import Programs, key_of
+from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS, Request
 
 STOP_TOKENS = 16  # the longest stop token sequence a slot holds
 INTS = ("token", "position", "budget", "count", "length", "top_k", "logprobs", "biased", "stop_at_eot",
@@ -50,13 +53,12 @@ class Slots:
     token that ends a sequence (where its request says so); `pool` the blocks of the prefix
     cache's pool (each the keys and values of BLOCK positions); `vocabulary` (a
     `stops.Vocabulary`) the token bytes that stop strings are matched on. Each program is
-    traced once per shape (`programs`, the compiles), and called as a concrete function: a call
-    costs little more than the program (a polymorphic `tf.function` call matches its arguments
-    each time)."""
+    traced once per shape (`programs`), and called as a concrete function: a call costs little
+    more than the program (a polymorphic `tf.function` call matches its arguments each time)."""
 
     def __init__(self, model, *, max_batch, chunk, steps, eot, pool=0, vocabulary=None):
         hp = model.hparams
-        self.model, self.max_batch, self.steps, self.eot = model, max_batch, steps, eot
+        self.model, self.max_batch, self.chunk, self.steps, self.eot = model, max_batch, chunk, steps, eot
         if vocabulary is not None:
             self.vocabulary_bytes, self.vocabulary_lengths = (tf.Variable(a, trainable=False) for a in (
                 vocabulary.bytes, vocabulary.lengths))
@@ -82,21 +84,42 @@ class Slots:
         # `generator.weights_for` picks them: at one slot without a copy
         self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
                         layouts.split(model) if max_batch == 1 else layouts.transposed(model))
-        self.programs, self.copies = {}, {}  # the compiled programs; the prefix cache's copies (not compiled)
+        self.programs = Programs(lambda name, static: lambda *args: getattr(self, "_" + name)(*args, **static),
+                                 tf.nest.flatten(self.cache) + list(self.slot_state))
+        self.copies = {}  # the prefix cache's copies (not compiled)
 
     def program(self, name, *specs, **static):
-        """The concrete function of `_<name>` for tensors of `specs` and Python values `static`."""
-        key = (name, tuple((tuple(s.shape), s.dtype) for s in specs), tuple(sorted(static.items())))
-        if key not in self.programs:
-            run = getattr(self, "_" + name)
-            self.programs[key] = tf.function(lambda *args: run(*args, **static), jit_compile=True,
-                                             autograph=False).get_concrete_function(*specs)
-        return self.programs[key]
+        """(key, concrete function) of the program that runs `_<name>` for tensors of `specs` and
+        Python values `static`: its own, or a wider one that stands in (`Programs.ready`)."""
+        return self.programs.ready(key_of(name, specs, static))
+
+    def warm(self, widths):
+        """Compiles the programs that stand in for every other (`programs`): a decode step at each
+        of `widths` rows over the whole context (and, at the widest, with the slots' whole stop
+        shapes), a prefill of the longest chunk over it (scored and not), `admit` and `move`."""
+        n_ctx = self.model.hparams.n_ctx
+        whole = ((MAX_STOPS, MAX_STOP_BYTES) if hasattr(self, "vocabulary_bytes") else None, (MAX_STOPS, STOP_TOKENS))
+        rows = [specs_of(np.zeros([len(INTS), w], np.int32), np.zeros([len(FLOATS), w], np.float32),
+                         np.zeros(w, np.int64)) for w in widths]
+        decode = [key_of("decode", specs, dict(window=n_ctx, stops=(None, None))) for specs in rows]
+        tokens = np.zeros(self.chunk, np.int32)
+        prefill = [key_of("prefill", specs_of(tokens[None], tokens[:2], *targets), dict(window=n_ctx))
+                   for targets in ((), (tokens,))]
+        admit = key_of("admit", specs_of(*self._admit_args(0, [0], Request(length=1))), {})
+        self.programs.warm(decode + [key_of("decode", rows[-1], dict(window=n_ctx, stops=whole))] + prefill
+                           + [admit, key_of("move", specs_of(tokens[:2]), {})])
 
     def admit(self, slot, prompt, request):
         """Slot `slot` for a sequence whose prompt is `prompt` (token ids), generated with
         `request` (a `decoding.request.Request`): its bias row, no tokens counted, its prompt's
         tokens seen, its stops (whose shapes it returns: `stop_shape`)."""
+        args = self._admit_args(slot, prompt, request)
+        _, run = self.program("admit", *specs_of(*args))
+        run(*(tf.constant(a) for a in args))
+        return stop_shape(request)
+
+    def _admit_args(self, slot, prompt, request):
+        """`_admit`'s arguments (numpy) for `admit`."""
         hp = self.model.hparams
         prompt = prompt[-hp.n_ctx:]
         padded = np.zeros(hp.n_ctx, np.int32)
@@ -112,16 +135,12 @@ class Slots:
             ids[n, STOP_TOKENS - len(sequence):] = sequence
         data, lengths = text_stops.stop_bytes([request.stop], MAX_STOPS, MAX_STOP_BYTES)
         where = np.array([slot, hp.n_ctx - len(prompt)], np.int32)
-        args = (where, padded, bias, ends, ids, data[0], lengths[0])
-        run = self.program("admit", *(tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)) for a in args))
-        run(*(tf.constant(a) for a in args))
-        return stop_shape(request)
-
+        return where, padded, bias, ends, ids, data[0], lengths[0]
 
     def move(self, source, target):
         """The sequence in slot `source` to slot `target` (whose sequence has left): its cache
         rows and its request's state."""
-        self.program("move", tf.TensorSpec([2], tf.int32))(tf.constant([source, target], tf.int32))
+        self.program("move", tf.TensorSpec([2], tf.int32))[1](tf.constant([source, target], tf.int32))
 
     def load(self, slot, pool):
         """Blocks 0, 1, ... len(pool) - 1 of slot `slot` from the pool's blocks `pool`."""
@@ -159,25 +178,32 @@ class Slots:
         """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
         over its first `window` positions). With `targets` [C], the token after each, returns
         how likely each was (`step.log_probabilities`: [C], [C, N], [C, N], numpy), for the
-        log-probabilities of a prompt, and each target's rank ([C])."""
-        score = targets is not None
-        specs = ([tf.TensorSpec([1, len(tokens)], tf.int32), tf.TensorSpec([2], tf.int32)]
-                 + [tf.TensorSpec([len(tokens)], tf.int32)] * score)
-        args = [tokens[None], [slot, start]] + [targets] * score
-        out = self.program("prefill", *specs, window=window)(*(tf.constant(a, tf.int32) for a in args))
-        return (out[0].numpy(), out[1][0].numpy(), out[1][1].numpy(), out[2].numpy()) if score else None
+        log-probabilities of a prompt, and each target's rank ([C]). A stand-in of a longer
+        chunk reads the tokens padded with zeros (their positions are written over before they
+        are read, as a chunk's own padding is)."""
+        score, size = targets is not None, len(tokens)
+        specs = ([tf.TensorSpec([1, size], tf.int32), tf.TensorSpec([2], tf.int32)]
+                 + [tf.TensorSpec([size], tf.int32)] * score)
+        key, run = self.program("prefill", *specs, window=window)
+        longer = key[1][0][0][1]
+        args = [padded(tokens, longer)[None], [slot, start]] + ([padded(targets, longer)] if score else [])
+        out = run(*(tf.constant(a, tf.int32) for a in args))
+        return (out[0].numpy()[:size], out[1][0].numpy()[:size], out[1][1].numpy()[:size],
+                out[2].numpy()[:size]) if score else None
 
     def decode(self, ints, floats, seed, window, stops=(None, None)):
         """Up to `steps` new tokens for each of the first B slots (`_decode`), from numpy arrays:
         `ints` [len(INTS), B] int32, `floats` [len(FLOATS), B] float32, `seed` [B] int64 (B <=
-        max_batch); `stops`: the largest `stop_shape` of the rows. Returns numpy arrays."""
-        run = self.program("decode", tf.TensorSpec(ints.shape, tf.int32), tf.TensorSpec(floats.shape, tf.float32),
-                           tf.TensorSpec(seed.shape, tf.int64), window=window, stops=tuple(stops))
-        tokens, count, finish, cut, logprob, (ids, top) = run(tf.constant(ints), tf.constant(floats),
-                                                              tf.constant(seed))
+        max_batch); `stops`: the largest `stop_shape` of the rows. Returns numpy arrays. A
+        stand-in of more rows runs the slots past B as rows without budget (they make nothing)."""
+        rows = ints.shape[1]
+        key, run = self.program("decode", tf.TensorSpec(ints.shape, tf.int32), tf.TensorSpec(floats.shape, tf.float32),
+                                tf.TensorSpec(seed.shape, tf.int64), window=window, stops=tuple(stops))
+        wider = key[1][0][0][1]
+        out = run(*(tf.constant(padded(a, wider)) for a in (ints, floats, seed)))
+        tokens, count, finish, cut, logprob, ids, top = (value.numpy()[:rows] for value in tf.nest.flatten(out))
         wanted = ints[INTS.index("logprobs")].any()
-        return (tokens.numpy(), count.numpy(), finish.numpy(), cut.numpy(),
-                (logprob.numpy(), ids.numpy(), top.numpy()) if wanted else None)
+        return tokens, count, finish, cut, (logprob, ids, top) if wanted else None
 
     def _admit(self, where, prompt, bias, ends, ids, data, lengths):
         state = control.start_state({"repetition": None}, prompt[None], where[1:], self.model.hparams.n_vocab)
@@ -309,6 +335,17 @@ def stop_shape(request):
     if request.stop_token_ids:
         ids = (_power_of_two(len(request.stop_token_ids)), _power_of_two(max(map(len, request.stop_token_ids))))
     return texts, ids
+
+
+def specs_of(*arrays):
+    """The tensor specs of numpy arrays."""
+    return tuple(tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)) for a in arrays)
+
+
+def padded(values, length):
+    """`values` (numpy) with zeros after its last axis' end, to `length`."""
+    more = length - np.shape(values)[-1]
+    return np.pad(values, [(0, 0)] * (np.ndim(values) - 1) + [(0, more)]) if more else values
 
 
 def wider(a, b):

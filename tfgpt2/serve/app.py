@@ -44,8 +44,9 @@ class Metrics:
     """The server's Prometheus metrics, in a registry of its own: requests by status, prompt
     tokens, and vLLM's latencies (time to first token, between tokens, in the queue, of whole
     requests) counted here; tokens generated, queue depth, running completions, batch
-    occupancy, compiled programs and the prefix cache's queries and hits read from the
-    scheduler at each scrape."""
+    occupancy, compiled programs (by where they compiled: the start-up warm-up, the background,
+    or a request's step, which waited on it), steps run by a stand-in, the warm-up's seconds and
+    the prefix cache's queries and hits read from the scheduler at each scrape."""
 
     def __init__(self, scheduler):
         self.registry = r = CollectorRegistry()
@@ -69,9 +70,18 @@ class Metrics:
         for name, text, value in [("queue_depth", "Completions waiting for a slot", s.queued),
                                   ("running", "Completions in a slot", s.occupied),
                                   ("batch_occupancy", "Share of the slots in use", s.occupied / s.max_batch),
-                                  ("compiled_programs", "Programs compiled (one per shape bucket)",
-                                   len(s.slots.programs))]:
+                                  ("warmup_seconds", "Seconds the start-up warm-up took (0: none)", s.warmed or 0)]:
             yield GaugeMetricFamily("tfgpt2_" + name, text, value=value)
+        programs = s.slots.programs
+        compiled = GaugeMetricFamily("tfgpt2_compiled_programs", "Programs compiled (one per shape bucket), by "
+                                     "where: the start-up warm-up, the background, a request's step", labels=["path"])
+        for path in ("warmup", "background", "request"):
+            compiled.add_metric([path], programs.count(path))
+        yield compiled
+        yield GaugeMetricFamily("tfgpt2_compiles_pending", "Programs queued to compile in the background",
+                                value=programs.pending)
+        yield CounterMetricFamily("tfgpt2_stand_in_steps", "Steps run by a wider program while theirs compiled",
+                                  value=programs.stand_ins)
         for name, text in [("queries", "Prompt tokens looked up in the prefix cache"),
                            ("hits", "Prompt tokens found in the prefix cache (read from it, not computed)")]:
             yield CounterMetricFamily("tfgpt2_prefix_cache_" + name, text,
@@ -427,17 +437,23 @@ class _Engine:
 
 def serve(model, encoder, *, model_name, host="127.0.0.1", port=8000, max_batch=16, max_queue=256, chunk=64,
           steps=1, prefix_blocks=64, log_level="warning", ready=None, api_key=None, public_metrics=False,
-          max_body=MAX_BODY, request_timeout=30, drain_timeout=30, docs=False):
+          max_body=MAX_BODY, request_timeout=30, drain_timeout=30, docs=False, warm_up=True):
     """Serve `model` as `model_name` on host:port until a signal drains the server
     (`server.Server`): `max_batch` slots, `max_queue` completions waiting, prefill chunks of up
     to `chunk` tokens, up to `steps` tokens per decode call, a prefix cache of `prefix_blocks`
     blocks (`scheduler.Scheduler`); `api_key`, `public_metrics`, `max_body` and `docs` as
     `create_app` takes them; a request must be in whole within `request_timeout` seconds
-    (`server.Protocol`), and the drain ends within `drain_timeout`. `ready()` is called once the
-    port listens."""
+    (`server.Protocol`), and the drain ends within `drain_timeout`. With `warm_up`, the
+    programs that stand in for every step are compiled before the port listens
+    (`Scheduler.warm_up`), so that no request waits on a compile. `ready(seconds)` is called once
+    the port listens, with the warm-up's seconds (None: none)."""
     scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue, chunk=chunk, steps=steps,
                           eot=encoder.eot_token, prefix_blocks=prefix_blocks, vocabulary=Vocabulary.of(encoder))
+    if warm_up:
+        seconds = scheduler.warm_up()
+        log.info("warm-up: %d programs compiled in %.1f s", len(scheduler.slots.programs), seconds)
     app = create_app(scheduler, model_name=model_name, encoder=encoder, hparams=model.hparams, api_key=api_key,
                      public_metrics=public_metrics, max_body=max_body, docs=docs)
     settings = config(app, host=host, port=port, log_level=log_level, request_timeout=request_timeout)
-    Server(settings, app, scheduler, drain_timeout=drain_timeout, ready=ready).run()
+    Server(settings, app, scheduler, drain_timeout=drain_timeout,
+           ready=ready and (lambda: ready(scheduler.warmed))).run()

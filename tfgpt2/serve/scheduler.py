@@ -96,6 +96,15 @@ class Scheduler:
         # each slot's sampling values, as `Slots.decode` takes them
         self.floats = np.zeros([len(FLOATS), max_batch], np.float32)
         self.ints, self.seed = np.zeros([len(PER_SLOT), max_batch], np.int32), np.zeros(max_batch, np.int64)
+        self.warmed = None  # the seconds of `warm_up`
+
+    def warm_up(self):
+        """Compiles the programs that stand in for every step's (`Slots.warm`: at each `width`), so
+        that no request waits on a compile; before `run`. Returns its seconds."""
+        start = time.monotonic()
+        self.slots.warm(sorted({width(n, self.max_batch) for n in range(1, self.max_batch + 1)}))
+        self.warmed = time.monotonic() - start
+        return self.warmed
 
     # ---- any thread --------------------------------------------------------------------
 
@@ -115,6 +124,8 @@ class Scheduler:
             self.lock.notify()
 
     def close(self):
+        """Ends `run`, and the background compiles once the one under way is done."""
+        self.slots.programs.close()
         with self.lock:
             self.closed = True
             self.lock.notify()

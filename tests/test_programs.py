@@ -1,0 +1,54 @@
+"""`tfgpt2.decoding.programs`: which compiled program a step runs (its own, or a wider one that
+stands in while its own compiles in the background), and that a compile off the engine thread
+never touches the variables the programs write."""
+import numpy as np
+import tensorflow as tf
+
+from tfgpt2.decoding.programs import Programs, covers, holds, key_of
+
+
+def adds(variable):
+    """Programs "add" (x [n], a Python `window`): variable[:n] += x * window + 1 (a call on zeros
+    writes too); returns window."""
+    def build(name, static):
+        def run(x):
+            n = x.shape[0]
+            variable[:n].assign(variable[:n] + x * static["window"] + 1)
+            return tf.constant(static["window"])
+        return run
+    return build
+
+
+def key(n, window):
+    return key_of("add", [tf.TensorSpec([n], tf.float32)], dict(window=window))
+
+
+def test_a_step_runs_its_own_program_a_stand_in_or_compiles_where_none_holds_it():
+    """After the warm-up (n 4, window 2), a step of n 2, window 1 runs it (its own queued for
+    the background), one of n 8 compiles on the step ("request"); once the background has
+    compiled n 2, window 1, the step runs that. The warm-up's and the background's compiles
+    leave the variable as it was; the steps' own calls add."""
+    variable = tf.Variable(tf.zeros([8]))
+    programs = Programs(adds(variable), [variable])
+    programs.warm([key(4, 2)])
+    assert programs.count("warmup") == len(programs) == 1 and not variable.numpy().any()
+    ran, run = programs.ready(key(2, 1))
+    assert ran == key(4, 2) and programs.stand_ins == 1 and int(run(tf.ones([4]))) == 2
+    assert programs.idle(timeout=120) and programs.count("background") == 1 and programs.pending == 0
+    np.testing.assert_array_equal(variable.numpy(), [3, 3, 3, 3, 0, 0, 0, 0])  # the stand-in's call alone
+    assert programs.ready(key(2, 1))[0] == key(2, 1) and programs.stand_ins == 1
+    assert programs.ready(key(8, 1))[0] == key(8, 1) and programs.count("request") == 1
+    programs.close()
+    assert programs.ready(key(1, 1))[0] == key(2, 1) and programs.pending == 0  # closed: nothing queued
+
+
+def test_a_stand_in_holds_a_steps_shapes_and_values():
+    """Longer arguments in each dimension, a window at least as long, stop shapes at least as
+    large (None: no stops); another program or a value that is not a window or stop never."""
+    assert holds(key(4, 2), key(2, 2)) and holds(key(4, 2), key(4, 1)) and not holds(key(2, 2), key(4, 2))
+    assert not holds(key(4, 1), key(4, 2)) and not holds(key_of("other", [tf.TensorSpec([4])], dict(window=2)),
+                                                         key(4, 2))
+    assert not holds(key_of("add", [tf.TensorSpec([4])], dict(window=2, size=2)),
+                     key_of("add", [tf.TensorSpec([4])], dict(window=2, size=1)))
+    assert covers(((4, 16), (2, 2)), ((4, 8), None)) and covers(((4, 16), None), (None, None))
+    assert not covers((None, (2, 2)), ((4, 8), None)) and not covers(((4, 8), None), ((8, 8), None))
