@@ -403,8 +403,8 @@ def test_serve_report_beside_llama_server(tiny_dir, tmp_path):
         pytest.skip("llama.cpp's programs are not at hand (TFGPT2_LLAMA_CPP=<the folder of llama-server>)")
     done = run_tool("benchmark_serve.py", "--model_dir", tiny_dir, "--candidates", "concurrent", "llama_server",
                     "llama_one_client", "--clients", "4", "--max_batch", "4", "--requests", "8", "--prompt", "8",
-                    "16", "--new", "4", "8", "--runs", "1", "--rss_requests", "0", "--report", str(tmp_path),
-                    "--llama_cpp", programs)
+                    "16", "--new", "4", "8", "--runs", "1", "--rss_requests", "0", "--fresh_requests", "8",
+                    "--report", str(tmp_path), "--llama_cpp", programs)
     assert done.returncode == 0, done.stderr[-3000:]
     data = assert_report(str(tmp_path), "serve", "benchmark_serve.py")
     by = {r["candidate"]: r for r in rows(data)}
@@ -412,6 +412,21 @@ def test_serve_report_beside_llama_server(tiny_dir, tmp_path):
     assert by["concurrent"]["vs_llama_server"] == pytest.approx(
         by["concurrent"]["tokens_per_s"]["median"] / by["llama_server"]["tokens_per_s"]["median"])
     assert "-np 4" in " ".join(data["notes"])
+
+
+def test_serve_benchmark_states_the_fresh_servers_first_requests():
+    """The fresh server's first requests: their time to first token at p99 as a ratio of the warm
+    passes', the warm-up, and the compiles on a request's step, in the notes and a headline."""
+    from tools import benchmark_serve as bench
+    rows = bench.rows_of({"concurrent": [{"tokens_per_s": 100.0, "busy_tokens_per_s": 120.0, "ttft_p50_s": 0.3,
+                                          "ttft_p99_s": 2.0}]}, argparse.Namespace(clients=16, max_batch=16))
+    first = dict(ready_s=250.0, warmup_s=240.0, warmup_programs=10, request_compiles=0, stand_in_steps=900,
+                 background=20, ttft_p50_s=0.5, ttft_p99_s=3.0, tokens_per_s=80.0)
+    assert "p99 3.00 s (1.50x the warm passes' p99)" in bench.fresh_notes(first, rows)[0]
+    assert bench.fresh_headline(first, rows, argparse.Namespace(fresh_requests=100, clients=16)) == [
+        {"what": "tfgpt2 serve, fresh, first 100 requests, 16 clients",
+         "figure": "first token p99 3.00 s, 1.50x warm (2.00 s); warm-up 240 s, 0 compiles on a request's step"}]
+    assert bench.fresh_notes(None, rows) == []
 
 
 def test_serve_benchmark_counts_the_tokens_while_every_client_is_busy():

@@ -26,12 +26,16 @@ request makes exactly its tokens) is sent:
   same length that share nothing: how much sooner the first token of a cached prefix comes, and
   what the cache costs prompts that share nothing.
 
-Each server and the SavedModel run in a child process of their own; every candidate first runs a
-warm-up (compiling its programs: the concurrent server's at every step width too), then `--runs`
-timed passes; the two servers run at once and their passes alternate, so that a change in the
-machine's load falls on both. Per pass: tokens/s (new tokens of all requests over the pass's
-wall time), and for the servers the time to first token (the first streamed chunk) at the median
-and 99th percentile over the requests. Then the concurrent server answers `--rss_requests` tiny
+Each server and the SavedModel run in a child process of their own. The concurrent server,
+fresh (its start-up warm-up done, nothing sent yet), is first sent `--fresh_requests` requests
+by `--clients` clients: their time to first token against the warm passes' shows whether any
+waited on a compile, and its programs compiled on a request's step are read from /metrics
+before and after them. Then every candidate runs a warm-up (requests of every size: the
+concurrent server's at every step width too, until it has compiled them all in the
+background), then `--runs` timed passes; the two servers run at once and their passes
+alternate, so that a change in the machine's load falls on both. Per pass: tokens/s (new tokens
+of all requests over the pass's wall time), and for the servers the time to first token (the
+first streamed chunk) at the median and 99th percentile over the requests. Then the concurrent server answers `--rss_requests` tiny
 requests and its resident set is read before and after (growth would show a leak). The report
 (tools/report.py) goes to `--report DIR` as `--name`.json and .md (default serve).
 
@@ -184,20 +188,59 @@ def one_pass(url, requests, clients):
                 ttft_p50_s=float(np.percentile(firsts, 50)), ttft_p99_s=float(np.percentile(firsts, 99)))
 
 
+def metrics(url):
+    """The server's /metrics figures, {name (with its labels): value}."""
+    import httpx
+    lines = httpx.get(url + "/metrics").text.splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line and line[0] != "#"}
+
+
+def settle(url):
+    """Waits until `tfgpt2 serve` has compiled in the background every program its requests
+    asked for (`tfgpt2_compiles_pending`; at most an hour)."""
+    deadline = time.monotonic() + 3600
+    while metrics(url).get("tfgpt2_compiles_pending", 0) and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+REQUEST_PATH = 'tfgpt2_compiled_programs{path="request"}'
+
+
+def fresh(args, url, started):
+    """The fresh concurrent server: seconds from its start to /health's 200, its warm-up, and
+    `--fresh_requests` requests by `--clients` clients (the time to first token at p50 and p99,
+    the programs compiled on a request's step before and after them, the steps run by a
+    stand-in)."""
+    ready, before = time.monotonic() - started, metrics(url)
+    first = one_pass(url, workload(args.fresh_requests, args.prompt, args.new, seed=1), args.clients)
+    after = metrics(url)
+    return dict(ready_s=ready, warmup_s=before["tfgpt2_warmup_seconds"],
+                warmup_programs=before['tfgpt2_compiled_programs{path="warmup"}'],
+                request_compiles=after[REQUEST_PATH] - before[REQUEST_PATH],
+                stand_in_steps=after["tfgpt2_stand_in_steps_total"],
+                background=after['tfgpt2_compiled_programs{path="background"}'],
+                **{k: first[k] for k in ("ttft_p50_s", "ttft_p99_s", "tokens_per_s")})
+
+
 def servers(args, requests):
-    """The server candidates' passes, {name: [per pass]}, and the concurrent server's resident
-    set before and after the tiny requests, with the servers' exit statuses. Both servers run at
-    once (each warmed up first), and their passes alternate, so that a change in the machine's
-    load falls on both."""
+    """The server candidates' passes, {name: [per pass]}, the fresh concurrent server's first
+    requests (`fresh`), and the concurrent server's resident set before and after the tiny
+    requests, with the servers' exit statuses. Both servers run at once (each warmed up first),
+    and their passes alternate, so that a change in the machine's load falls on both."""
     names = [name for name in args.candidates if name in SERVER]
-    running = {}
+    running, first = {}, None
     try:
         for server in dict.fromkeys(SERVER[name] for name in names):
+            started = time.monotonic()
             running[server] = llama_peer.start_server(args, args.gguf, args.max_batch, free_port()) \
                 if server == "llama_server" else start_server(args, args.max_batch if server == "concurrent" else 1)
+            if server == "concurrent" and args.fresh_requests:
+                first = fresh(args, running[server][1], started)
             asyncio.run(drive(running[server][1], warm_up(args.prompt, args.new), 1))
             for group in warm_up_widths(args.prompt, args.new, args.max_batch) if server == "concurrent" else []:
                 asyncio.run(drive(running[server][1], group, len(group)))
+            if server != "llama_server":
+                settle(running[server][1])
         results = {name: [] for name in names}
         for _ in range(args.runs):
             for name in names:
@@ -207,7 +250,7 @@ def servers(args, requests):
             memory = rss_growth(running["concurrent"][1], running["concurrent"][0].pid, args.rss_requests, args.clients)
     finally:
         statuses = [stop_server(child) for child, _ in running.values()]
-    return results, memory, statuses
+    return results, first, memory, statuses
 
 
 def rss_mb(pid):
@@ -422,6 +465,8 @@ def arguments(argv):
     parser.add_argument("--dtype", default="float32", help="the model's Keras dtype policy")
     parser.add_argument("--tf32", action="store_true", help="float32 products in TF32 where the GPU has it")
     parser.add_argument("--rss_requests", type=int, default=2000, help="tiny requests for the memory check (0: none)")
+    parser.add_argument("--fresh_requests", type=int, default=100,
+                        help="requests sent first to the fresh concurrent server (0: none)")
     parser.add_argument("--shared", type=int, default=512, help="prefix_cache: the tokens of the shared prefix")
     parser.add_argument("--tail", type=int, default=16, help="prefix_cache: each prompt's tokens after it")
     parser.add_argument("--prefix_requests", type=int, default=16, help="prefix_cache: requests of each kind per pass")
@@ -474,7 +519,7 @@ def main(argv=None):
         args.gguf = any(c.startswith("llama") for c in args.candidates) and llama_peer.write_gguf(
             args.model_dir, llama_peer.gguf_type(args), folder)
         print("measuring the servers ...", file=sys.stderr, flush=True)
-        results, memory, statuses = servers(args, requests)
+        results, first, memory, statuses = servers(args, requests)
     if "saved_model" in args.candidates:
         print("measuring the SavedModel ...", file=sys.stderr, flush=True)
         results["saved_model"] = saved_model(args)
@@ -488,14 +533,43 @@ def main(argv=None):
         prefix_tables, found = [report.table(PREFIX_COLUMNS, prefix, title="The prefix cache")], [headline]
     settings = {k: getattr(args, k) for k in ("model_dir", "candidates", "clients", "max_batch", "requests", "prompt",
                                               "new", "runs", "prefill_chunk", "decode_steps", "dtype", "tf32",
-                                              "rss_requests", "llama_cpp", "threads", "shared", "tail",
-                                              "prefix_requests", "prefix_new")}
-    settings["rss_mb"] = memory
+                                              "rss_requests", "fresh_requests", "llama_cpp", "threads", "shared",
+                                              "tail", "prefix_requests", "prefix_new")}
+    settings["rss_mb"], settings["fresh"] = memory, first
     columns = [c for c in COLUMNS if c["key"] != "vs_llama_server" or any("vs_llama_server" in r for r in rows)]
     tables = ([report.table(columns, rows)] if rows else []) + prefix_tables
     report.publish(args, "Serving under load", tables, tool=__file__, argv=argv, settings=settings,
-                   notes=notes_of(args, memory, statuses, absent, rows), headlines=headlines(rows, args) + found)
+                   notes=notes_of(args, memory, statuses, absent, rows) + fresh_notes(first, rows),
+                   headlines=headlines(rows, args) + found + fresh_headline(first, rows, args))
     return 1 if any(statuses) else 0
+
+
+def warm_p99(rows):
+    return next((r["ttft_p99_s"]["median"] for r in rows if r["candidate"] == "concurrent"), None)
+
+
+def fresh_notes(first, rows):
+    """The fresh server's start-up and first requests, in words."""
+    if not first:
+        return []
+    warm = warm_p99(rows)
+    return [f"Fresh concurrent server: /health answered {first['ready_s']:.1f} s after its start (the model's load "
+            f"and a warm-up of {first['warmup_programs']:.0f} programs in {first['warmup_s']:.1f} s); its first "
+            f"requests: time to first token p50 {first['ttft_p50_s']:.2f} s, p99 {first['ttft_p99_s']:.2f} s"
+            + (f" ({first['ttft_p99_s'] / warm:.2f}x the warm passes' p99)" if warm else "")
+            + f", {first['tokens_per_s']:.1f} tokens/s over them; {first['request_compiles']:.0f} programs compiled "
+              f"on a request's step, {first['stand_in_steps']:.0f} steps run by a stand-in, "
+              f"{first['background']:.0f} programs compiled in the background by their end."]
+
+
+def fresh_headline(first, rows, args):
+    warm = warm_p99(rows)
+    if not first or not warm:
+        return []
+    return [{"what": f"tfgpt2 serve, fresh, first {args.fresh_requests} requests, {args.clients} clients",
+             "figure": f"first token p99 {first['ttft_p99_s']:.2f} s, {first['ttft_p99_s'] / warm:.2f}x warm "
+                       f"({warm:.2f} s); warm-up {first['warmup_s']:.0f} s, "
+                       f"{first['request_compiles']:.0f} compiles on a request's step"}]
 
 
 def prefix_note(args):
