@@ -93,3 +93,24 @@ def test_lora_and_int8_refuse_each_other():
     assert [v.path for v in quantized.trainable_weights] == trainable and trainable, \
         "a refused enable_lora changed which weights train"
     assert not quantized.lora_targets
+
+
+def test_one_row_int8_product_multiplies_int8():
+    """A one-row int8 product is exact (int32, as the int8 values' own product), and XLA's CPU
+    backend compiles it on int8 operands: a one-row product alone gets its operands widened to
+    int32, four times the weight's bytes read at every decoding step."""
+    import re
+
+    import tensorflow as tf
+    from tfgpt2.adapters.int8 import int8_matmul
+    from tfgpt2.products import cpus_only
+    rng = np.random.default_rng(0)
+    x, w = (tf.constant(rng.integers(-127, 128, shape), tf.int8) for shape in ([1, 64], [64, 48]))
+    product = tf.function(int8_matmul, jit_compile=True)
+    np.testing.assert_array_equal(product(x, w).numpy(), x.numpy().astype(np.int32) @ w.numpy().astype(np.int32))
+    if not cpus_only():
+        pytest.skip("the operand types checked are XLA's CPU backend's")
+    hlo = product.experimental_get_compiler_ir(x, w)(stage="optimized_hlo")
+    types = dict(re.findall(r"%([\w.-]+) = (\w+)\[", hlo))
+    dots = [(out, types[a], types[b]) for out, a, b in re.findall(r"= (\w+)\[\S* dot\(%([\w.-]+), %([\w.-]+)\)", hlo)]
+    assert dots == [("s32", "s8", "s8")], hlo

@@ -45,7 +45,7 @@ class Int8:
     def _int8_call(self, x):
         """x @ w in int8 (x's rows quantized as w's columns), rescaled to the compute dtype."""
         x_int8, x_scale = keras.quantizers.abs_max_quantize(tf.reshape(x, [-1, self.nx]), axis=-1)
-        y = tf.cast(keras.ops.matmul(x_int8, tf.reshape(self.w, [self.nx, self.nf])), self.compute_dtype)
+        y = tf.cast(int8_matmul(x_int8, tf.reshape(self.w, [self.nx, self.nf])), self.compute_dtype)
         y = y / (tf.cast(x_scale, self.compute_dtype) * tf.cast(self.w_scale, self.compute_dtype))
         y = tf.reshape(y + self.b, tf.concat([tf.shape(x)[:-1], [self.nf]], 0))
         y.set_shape(x.shape[:-1].concatenate([self.nf]))  # the static shape, where known
@@ -67,6 +67,15 @@ class Int8:
                              f"this {self.quantization_mode or 'float'} layer {len(names)} ({', '.join(names)})")
         for i, name in enumerate(names):
             getattr(self, name).assign(store[str(i)])
+
+
+def int8_matmul(x, w):
+    """x @ w for int8 x [rows, nx] and w [nx, nf], into int32. A single row is multiplied as two
+    (itself twice): XLA's CPU backend widens a one-row int8 product's operands to int32 (four
+    times the weight's bytes, read at every step), and multiplies int8 as such from two rows on."""
+    if x.shape[0] == 1:
+        return keras.ops.matmul(tf.concat([x, x], 0), w)[:1]
+    return keras.ops.matmul(x, w)
 
 
 class Int8Model:
