@@ -37,6 +37,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Each process takes GPU memory as it needs it, not all of it at start: several workers (and
 # their children) share one GPU. Set before TensorFlow starts; a value the user set is kept.
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+# oneDNN's own allocator (TensorFlow's default on x86) keeps every freed block for reuse, so a
+# worker's resident memory stays at the peak of its heaviest test for the rest of the run. The
+# system allocator gives freed memory back: the same kernels, a worker near its current need.
+os.environ.setdefault("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", "1")
 # TensorFlow's threads spin while they wait: a worker (and its children) using more intra-op
 # threads than its share of the CPUs takes them from the other workers (a few per cent of the
 # suite's time with two workers on two CPUs at TensorFlow's default, one thread per CPU each)

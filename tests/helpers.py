@@ -75,6 +75,17 @@ def free_port():
     return free_ports(1)[0]
 
 
+def in_child(function, *args, timeout=900):
+    """`function(*args)` in a fresh Python process that ends with it, its result or its exception
+    raised here: 124M-shaped work leaves the test worker's memory as it was (a worker never gives
+    back the peak of TensorFlow's allocations). `function` is a module-level function of a test
+    file."""
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result(timeout=timeout)
+
+
 # ---- checkpoints and fine-tuning runs ---------------------------------------------------------
 
 SAMPLE_LENGTH = 16  # a run's windows: 17 tokens

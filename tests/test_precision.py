@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import TINY, model_folder
+from tests.helpers import TINY, in_child, model_folder
 from tfgpt2 import generate, load_model, save_model
 from tfgpt2.decoding.cache import call_with_cache, empty_cache
 from tfgpt2.model import attention_mask, mask_attn_weights
@@ -107,12 +107,16 @@ TOLERANCE = {"bfloat16": (2.4, 0.19), "float16": (0.32, 0.025)}
 
 
 @pytest.mark.slow
-def test_124m_logits_within_tolerance_of_float32(gpt2_124m, gpt2_124m_dir):
+def test_124m_logits_within_tolerance_of_float32(gpt2_124m_dir):
+    in_child(check_124m_logits, gpt2_124m_dir)  # five 124M models: a process of its own
+
+
+def check_124m_logits(model_dir):
     tokens = np.random.default_rng(0).integers(0, 50257, size=[2, 64])
-    expected = gpt2_124m(tokens)["logits"].numpy()
+    expected = load_model(model_dir)(tokens)["logits"].numpy()
     long = np.random.default_rng(1).integers(0, 50257, size=[1, 1024])
     for policy in POLICIES:
-        model = load_model(gpt2_124m_dir, dtype=policy)
+        model = load_model(model_dir, dtype=policy)
         error = np.abs(model(tokens)["logits"].numpy() - expected)
         largest, median = TOLERANCE[COMPUTE[policy]]
         print(f"{policy}: max abs {error.max():.3f}, median {np.median(error):.4f}")
@@ -120,4 +124,3 @@ def test_124m_logits_within_tolerance_of_float32(gpt2_124m, gpt2_124m_dir):
             f"{policy}: max abs error {error.max():.3f} (<= {largest}), median {np.median(error):.4f} (<= {median})"
         if COMPUTE[policy] == "float16":  # bfloat16 has float32's range: it overflows where float32 does
             assert np.isfinite(model(long)["logits"].numpy()).all(), f"{policy}: NaN or inf with 1024 tokens"
-        del model

@@ -4,11 +4,15 @@
 registers GPT2 and its layers with Keras, so that `keras.models.load_model("gpt2.keras")` of a
 saved tfgpt2 model needs nothing more (Keras looks the classes up by their registered names,
 "tfgpt2>GPT2", and imports no module to find them). It also means `import tfgpt2` imports
-TensorFlow and Keras. The other names below are imported on first use.
+TensorFlow and Keras (quietly where tfgpt2 runs as a command: `_startup`). The other names
+below are imported on first use.
 """
 import importlib
 
-from . import model  # noqa: F401  registers the Keras classes
+from ._startup import as_command, quietly
+
+with quietly(as_command()):  # TensorFlow's start-up lines off a command's terminal
+    from . import model  # noqa: F401  registers the Keras classes
 
 _EXPORTS = {
     "HParams": "hparams", "default_hparams": "hparams", "published_hparams": "hparams",
