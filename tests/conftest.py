@@ -12,8 +12,11 @@ weights of std >= 0.1 so that a wrong mask, scale or epsilon shows in the logits
 code on the tiny and the 124M folders is started once per worker (`reference_tiny`,
 `reference_124m`; test_model.py and test_train.py need the 124M one, a process of about 1 GB).
 Models a test file loads (`tiny`, `gpt2_124m`) live as long as the file's tests, and the graphs
-it traced are let go after it (`release_traced_graphs`): a worker stays near the footprint of
-its largest file, not the sum of them (TFGPT2_MEMORY_LOG shows it, `log_memory`).
+it traced are let go after it (`release_traced_graphs`); freed memory goes back to the system
+(TF_ONEDNN_USE_SYSTEM_ALLOCATOR). What TensorFlow never lets go, each program XLA compiled, is
+why the files that compile most run in a process of their own (`own_process`,
+tests/own_process.py), as does 124M-shaped work (`helpers.in_child`): each worker stays under
+4 GB (TFGPT2_MEMORY_LOG shows it, `log_memory`).
 XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
 by workers and children. On a GPU, the workers share it (TF_FORCE_GPU_ALLOW_GROWTH); tests
 marked `gpu` need one and skip, saying so, where TensorFlow sees none.
@@ -58,6 +61,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.helpers import MICRO, TINY, WIDE, model_folder, require_reference  # noqa: E402
+from tests.own_process import pytest_configure, pytest_runtest_protocol  # noqa: E402, F401  (its hooks)
 from tfgpt2.hparams import published_hparams  # noqa: E402
 from tfgpt2.testing.checkpoints import make_checkpoint  # noqa: E402
 

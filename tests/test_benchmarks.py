@@ -12,6 +12,8 @@ import pytest
 from tools import collect, report
 from tests.helpers import REPORT_KEYS, ROOT, SHARED, assert_report, rows, run_tool
 
+pytestmark = pytest.mark.own_process  # its programs compiled in a process of its own (tests/own_process.py)
+
 
 def run_main(tool, *flags):
     """The tool's main() on FLAGS in this process (a tool that runs in one process): its status."""

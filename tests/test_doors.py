@@ -21,7 +21,8 @@ import pytest
 
 from tfgpt2.encoder import get_encoder
 
-pytestmark = pytest.mark.slow  # compiles every door's programs for the tiny model
+# compiles every door's programs for the tiny model, in a process of its own (tests/own_process.py)
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 LENGTH = 12
 PROMPTS = ["The cat sat on", "Every effort moves you"]
 

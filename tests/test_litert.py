@@ -15,6 +15,8 @@ pytest.importorskip("ai_edge_litert", reason="ai-edge-litert is not installed (r
 from tfgpt2.cli.export import main as export_main  # noqa: E402
 from tfgpt2.cli.generate import main as generate_main  # noqa: E402
 
+pytestmark = pytest.mark.own_process  # its programs compiled in a process of its own (tests/own_process.py)
+
 HPARAMS = dict(TINY, n_embd=128)
 PROMPTS = ([464], [464, 3290, 286, 1204, 318, 257, 1332, 11, 290, 340, 373])  # 1 and 11 tokens
 

@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from tfgpt2.encoder import get_encoder
 
-pytestmark = pytest.mark.slow  # compiles every door's programs, twice
+# compiles every door's programs, twice, in a process of its own (tests/own_process.py)
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 LENGTH = 12
 PROMPTS = ["The cat sat on", "Every effort moves you, and"]
 TOLERANCE = {"int8": 1e-4, "bfloat16": 0.16}  # log-probabilities and near ties, in nats and logits

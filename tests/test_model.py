@@ -15,6 +15,8 @@ from tfgpt2.train.losses import window_loss
 from tfgpt2.sample import sample_sequence
 from tfgpt2.testing.reference import Reference
 
+pytestmark = pytest.mark.own_process  # its programs compiled in a process of its own (tests/own_process.py)
+
 
 def assert_close(ours, theirs, what):
     ours = np.asarray(ours)

@@ -11,6 +11,8 @@ from tfgpt2 import generate, load_model, save_model
 from tfgpt2.decoding.cache import call_with_cache, empty_cache
 from tfgpt2.model import attention_mask, mask_attn_weights
 
+pytestmark = pytest.mark.own_process  # its programs compiled in a process of its own (tests/own_process.py)
+
 POLICIES = ["bfloat16", "float16", "mixed_bfloat16", "mixed_float16"]
 COMPUTE = {"bfloat16": "bfloat16", "float16": "float16", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 VARIABLE = {"bfloat16": "bfloat16", "float16": "float16", "mixed_bfloat16": "float32", "mixed_float16": "float32"}

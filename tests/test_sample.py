@@ -27,6 +27,8 @@ from tfgpt2.decoding.sampler import choose
 from tfgpt2.sample import generate, sample_sequence, top_k_logits, top_p_logits
 from tfgpt2.seeds import seed_of
 
+pytestmark = pytest.mark.own_process  # it compiles hundreds of programs (tests/own_process.py)
+
 
 def assert_greedy(model, prompt, row):
     """`row` is `prompt` and its greedy continuation by the model without a cache: each new

@@ -28,6 +28,8 @@ from tests.helpers import ROOT, free_port
 from tfgpt2.encoder import default_encoder
 from tfgpt2.decoding.text import token_text
 
+pytestmark = pytest.mark.own_process  # its programs compiled in a process of its own (tests/own_process.py)
+
 SLOTS, QUEUE = 4, 12  # 16 completions at once: 4 running, 12 waiting
 NEW = 12  # new tokens: with prompts of <= 16 tokens, one compiled program here and one window there
 ENCODER = default_encoder()

@@ -13,6 +13,8 @@ from tfgpt2.decoding.sampler import _uniform
 from tfgpt2.sample import generate, sample_sequence
 from tfgpt2.seeds import seed_of
 
+pytestmark = pytest.mark.own_process  # its programs compiled in a process of its own (tests/own_process.py)
+
 PROMPTS = prompts_for(5, [3, 7, 5])
 N_CTX = 64
 FIRST = N_CTX + 1 - 7  # new tokens before the first slide: the longest prompt fills the window

@@ -23,7 +23,8 @@ from tfgpt2.testing.reference import Reference
 from tests.helpers import (ROOT, SAMPLE_LENGTH, execute_notebook, ids_npz, random_ids, require_reference, run,
                            run_interrupted, weights_of)
 
-pytestmark = pytest.mark.slow  # compiled training steps and the reference
+# compiled training steps and the reference, in a process of its own (tests/own_process.py)
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 
 @pytest.fixture
 def ref(reference_tiny):
