@@ -52,3 +52,16 @@ def test_a_stand_in_holds_a_steps_shapes_and_values():
                      key_of("add", [tf.TensorSpec([4])], dict(window=2, size=1)))
     assert covers(((4, 16), (2, 2)), ((4, 8), None)) and covers(((4, 16), None), (None, None))
     assert not covers((None, (2, 2)), ((4, 8), None)) and not covers(((4, 8), None), ((8, 8), None))
+
+
+def test_after_close_the_compile_under_way_ends_and_no_other_starts():
+    """What the server's shutdown waits on (`Scheduler.join`): a thread still in TensorFlow as
+    Python exits aborts the process (SIGABRT)."""
+    variable = tf.Variable(tf.zeros([8]))
+    programs = Programs(adds(variable), [variable])
+    programs.warm([key(8, 4)])
+    for n in (1, 2, 3):
+        programs.ready(key(n, 1))  # queued for the background thread
+    programs.close()
+    assert programs.idle(timeout=120) and programs.pending == 0 and programs.worker is None
+    assert programs.ready(key(5, 1))[0] == key(8, 4) and programs.worker is None  # a stand-in, nothing queued

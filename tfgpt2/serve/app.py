@@ -432,6 +432,7 @@ class _Engine:
     async def __aexit__(self, *exc):
         self.scheduler.close()
         await asyncio.to_thread(self.thread.join)
+        await asyncio.to_thread(self.scheduler.join)
 
 
 

@@ -130,6 +130,11 @@ class Scheduler:
             self.closed = True
             self.lock.notify()
 
+    def join(self):
+        """Waits, after `close`, for the background compile under way to end: a thread still in
+        TensorFlow as Python exits aborts the process."""
+        self.slots.programs.idle()
+
     @property
     def occupied(self):
         return self.max_batch - self.running.count(None)
