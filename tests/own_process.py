@@ -72,9 +72,10 @@ def run_file(config, items):
     os.close(handle)
     path = Path(name)
     try:
-        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-                                "-o", "addopts=", *(i.nodeid for i in items)], cwd=config.rootpath,
-                               env=dict(os.environ, **{REPORTS: str(path)}), capture_output=True, text=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # the options are the ones below
+        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                                *order(config), *(i.nodeid for i in items)], cwd=config.rootpath,
+                               env=dict(env, **{REPORTS: str(path)}), capture_output=True, text=True)
         lines = path.read_text().splitlines()
     finally:
         path.unlink(missing_ok=True)
@@ -87,6 +88,15 @@ def run_file(config, items):
         reports.setdefault(report.nodeid, []).append(report)
     return reports, f"its process (exit status {child.returncode}) ended before it ran:\n{child.stdout[-3000:]}" \
                     f"\n{child.stderr[-3000:]}"
+
+
+def order(config):
+    """The child's pytest-randomly options: the worker's order kept, and its seed (each test's
+    random state), or the plugin off where the worker runs without it."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if not config.pluginmanager.hasplugin("randomly") or seed is None:
+        return ["-p", "no:randomly"]
+    return [f"--randomly-seed={seed}", "--randomly-dont-reorganize"]
 
 
 def crashed(item, failure):

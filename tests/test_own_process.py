@@ -31,7 +31,7 @@ def test_here():
 def pytest_in(folder, *args):
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:randomly", "-p", "no:cacheprovider",
                            "-o", "addopts=", *args], cwd=folder, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=dict({k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, PYTHONPATH=str(ROOT)))
 
 
 def test_a_marked_file_runs_in_a_child_and_reports_each_test(tmp_path):
