@@ -51,8 +51,8 @@ def pytest_runtest_protocol(item, nextitem):
     if os.environ.get(REPORTS) or not item.get_closest_marker("own_process"):
         return None
     if item.path not in _results:
-        mine = [i for i in item.session.items if i.path == item.path]
-        _results[item.path] = run_file(item.config, mine) if any(i.get_closest_marker("slow") for i in mine) else None
+        items = [i for i in item.session.items if i.path == item.path]
+        _results[item.path] = run_file(item.config, items) if any(i.get_closest_marker("slow") for i in items) else None
     if _results[item.path] is None:  # its quick tests alone: a few programs, and no process to start
         return None
     reports, failure = _results[item.path]
