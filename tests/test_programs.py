@@ -1,7 +1,12 @@
 """`tfgpt2.decoding.programs`: which compiled program a step runs (its own, or a wider one that
 stands in while its own compiles in the background), and that a compile off the engine thread
 never touches the variables the programs write."""
+import os
+import sys
+import threading
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfgpt2.decoding.programs import Programs, covers, holds, key_of
@@ -40,6 +45,24 @@ def test_a_step_runs_its_own_program_a_stand_in_or_compiles_where_none_holds_it(
     assert programs.ready(key(8, 1))[0] == key(8, 1) and programs.count("request") == 1
     programs.close()
     assert programs.ready(key(1, 1))[0] == key(2, 1) and programs.pending == 0  # closed: nothing queued
+
+
+def test_the_background_compiles_at_the_lowest_cpu_priority():
+    """The background thread's compile runs at nice 19 (Linux), the engine's thread as it was."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a thread has its own CPU priority on Linux only")
+    variable, niceness = tf.Variable(tf.zeros([8])), {}
+
+    def build(name, static):
+        niceness[threading.get_native_id() == engine] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return adds(variable)(name, static)
+
+    engine = threading.get_native_id()
+    programs = Programs(build, [variable])
+    programs.warm([key(4, 2)])
+    programs.ready(key(2, 1))
+    assert programs.idle(timeout=120) and programs.count("background") == 1
+    assert niceness == {True: os.getpriority(os.PRIO_PROCESS, 0), False: 19}
 
 
 def test_a_stand_in_holds_a_steps_shapes_and_values():

@@ -5,7 +5,8 @@ and its Python values) and compiled at its first call. A few wide ones are compi
 server answers (`warm`), so that every step has one ready: a step whose own program is not
 compiled yet runs the narrowest compiled one that holds it (`stand_in`: the same name, at least
 its step width, prefill chunk, attention window and stop shapes), while a thread compiles its
-own (`background`); once that is done, the step runs its own. A compile off the engine thread
+own (`background`, at the lowest CPU priority, so that the steps keep the cores: `yield_cpu`);
+once that is done, the step runs its own. A compile off the engine thread
 runs the program once on copies of the variables of the slots (`shadows`): it never touches
 what the engine runs on, and XLA keeps the compiled program for the real calls.
 
@@ -13,6 +14,8 @@ Each compile is counted by where it ran (`compiled`): "warmup", "background", or
 (on the engine thread, a step waiting on it: where nothing compiled can stand in).
 """
 import collections
+import os
+import sys
 import threading
 
 import tensorflow as tf
@@ -111,6 +114,7 @@ class Programs:
 
     def _background(self):
         """Compiles the wanted keys one at a time, then ends (the copies let go with it)."""
+        yield_cpu()
         shadows = {}
         while True:
             with self.lock:
@@ -135,6 +139,14 @@ class Programs:
                 shadows[id(captured)] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False)
         captures = [shadows[id(c)].handle if id(c) in shadows else c for c in function.captured_inputs]
         function._call_flat([tf.zeros(shape, dtype) for shape, dtype in key[1]], captures)
+
+
+def yield_cpu():
+    """Gives the calling thread the lowest CPU priority (nice 19) where a thread has its own
+    (Linux): XLA compiles on the thread that first calls a program, and at nice 19 it takes
+    only the CPU time the engine's steps leave."""
+    if sys.platform.startswith("linux"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def holds(big, small):
