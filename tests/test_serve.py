@@ -332,6 +332,22 @@ def long_model(tmp_path_factory):
         ).override_from_dict(dict(TINY, n_ctx=128)), std=0.3, seed=1))
 
 
+def test_the_warm_up_prefills_a_first_chunk_over_its_own_blocks(long_model):
+    """A context of two blocks: besides the whole context's, a prefill of the longest chunk over
+    the first block is compiled before the first request, and a short prompt's chunk runs it."""
+    import tensorflow as tf
+    from tfgpt2.serve.scheduler import Scheduler
+    scheduler = Scheduler(long_model, max_batch=1, max_queue=1, chunk=32, eot=ENCODER.eot_token)
+    scheduler.warm_up()
+    programs = scheduler.slots.programs
+    windows = sorted(dict(key[2])["window"] for key in programs if key[0] == "prefill")
+    assert windows == [64, 128, 128] and programs.count("warmup") == len(programs)
+    key, _ = scheduler.slots.program("prefill", tf.TensorSpec([1, 16], tf.int32), tf.TensorSpec([2], tf.int32),
+                                     window=64)
+    assert dict(key[2])["window"] == 64 and key[1][0][0] == (1, 32)
+    scheduler.close()
+
+
 def run_alone(scheduler, sequences, ended):
     """The scheduler's engine thread while `sequences` run, each submitted once the one before
     has ended (`ended`: a future per sequence, that its sink sets)."""

@@ -98,17 +98,19 @@ class Slots:
         of `widths` rows over the whole context, and from 4 rows on over its first quarter too
         (where the rows' cache reads would outweigh the weights'); at the widest, one with the
         slots' whole stop shapes; a prefill of the longest chunk over the whole context (scored
-        and not), `admit` and `move`."""
+        and not), and over its own first blocks (a prompt's first chunk: most prompts' only
+        one); `admit` and `move`."""
         n_ctx = self.model.hparams.n_ctx
         quarter = min(blocks_for(n_ctx // 4) * BLOCK, n_ctx)
+        first = min(blocks_for(self.chunk) * BLOCK, n_ctx)
         whole = ((MAX_STOPS, MAX_STOP_BYTES) if hasattr(self, "vocabulary_bytes") else None, (MAX_STOPS, STOP_TOKENS))
         rows = [specs_of(np.zeros([len(INTS), w], np.int32), np.zeros([len(FLOATS), w], np.float32),
                          np.zeros(w, np.int64)) for w in widths]
         decode = [key_of("decode", specs, dict(window=window, stops=(None, None))) for w, specs in zip(widths, rows)
                   for window in dict.fromkeys([n_ctx] + [quarter] * (w >= 4))]
         tokens = np.zeros(self.chunk, np.int32)
-        prefill = [key_of("prefill", specs_of(tokens[None], tokens[:2], *targets), dict(window=n_ctx))
-                   for targets in ((), (tokens,))]
+        prefill = [key_of("prefill", specs_of(tokens[None], tokens[:2], *[tokens] * score), dict(window=window))
+                   for window, score in dict.fromkeys([(n_ctx, False), (n_ctx, True), (first, False)])]
         admit = key_of("admit", specs_of(*self._admit_args(0, [0], Request(length=1))), {})
         self.programs.warm(decode + [key_of("decode", rows[-1], dict(window=n_ctx, stops=whole))] + prefill
                            + [admit, key_of("move", specs_of(tokens[:2]), {})])
