@@ -322,7 +322,8 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
                              {"tokens_per_s": 26.0, "busy_tokens_per_s": 27.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}],
               "saved_model": [{"tokens_per_s": 40.0, "busy_tokens_per_s": 52.0},
                               {"tokens_per_s": 50.0, "busy_tokens_per_s": 52.0}],
-              "one_client": [{"tokens_per_s": 24.5, "busy_tokens_per_s": 25.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}]}
+              "one_client": [{"tokens_per_s": 24.5, "busy_tokens_per_s": 25.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}],
+              "generate": [{"tokens_per_s": 28.0, "busy_tokens_per_s": None}]}
     rows = {r["candidate"]: r for r in bench.rows_of(passes, args)}
     assert rows["concurrent"]["vs_sequential"] == pytest.approx(100 / 25) and rows["sequential"]["slots"] == 1
     assert rows["concurrent"]["busy_vs_sequential"] == pytest.approx(130 / 26)
@@ -332,7 +333,20 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
         {"what": "tfgpt2 serve, 16 clients, 16 slots", "figure": (
             "130 tokens/s with all clients busy (5.0x one after another, 2.5x the SavedModel), 100 tokens/s over "
             "whole passes (4.0x one after another, 2.2x the SavedModel); first token p50 0.40 s, p99 2.50 s")},
-        {"what": "tfgpt2 serve, 1 client, 16 slots", "figure": "24 tokens/s, 0.98x a 1-slot server"}]
+        {"what": "tfgpt2 serve, 1 client, 16 slots",
+         "figure": "24 tokens/s, 0.98x a 1-slot server, 0.88x tfgpt2.generate alone"}]
+    assert (rows["generate"]["clients"], rows["generate"]["slots"]) == (1, None)
+
+
+@pytest.mark.slow
+def test_serve_benchmark_generate_worker(tiny_dir):
+    """The generate candidate's child: each pass's requests one after another through
+    tfgpt2.generate, every request's tokens counted."""
+    done = run_tool("benchmark_serve.py", "--worker", "generate", "--model_dir", tiny_dir, "--requests", "3",
+                    "--prompt", "4", "8", "--new", "2", "5", "--runs", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    passes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(passes) == 2 and all(p["tokens_per_s"] > 0 for p in passes)
 
 
 def guidellm_benchmark(strategy, totals, rate, tokens_per_s, ttft, itl, tpot):

@@ -17,6 +17,8 @@ request makes exactly its tokens) is sent:
   SavedModel exported here (batch 1; TF runs the calls concurrently);
 - one_client: one after another to the concurrent server (its `--max_batch` slots): what a
   client alone gets from a server sized for many;
+- generate: one after another to `tfgpt2.generate` (what `tfgpt2 generate` runs), in a process
+  of its own: what one client's server should match;
 - llama_server and llama_one_client: the same, by `--clients` clients and by one, to llama.cpp's
   `llama-server` with `--max_batch` parallel sequences (`-np`), on the GGUF file of the same
   weights in the type of `--dtype` (tools/llama_peer.py), where `--llama_cpp DIR` names
@@ -65,8 +67,9 @@ except ImportError:  # run as `python tools/benchmark_serve.py`: this folder is 
     import report
 
 EOT = 50256
-CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client", "llama_server", "llama_one_client",
-              "prefix_cache"]
+CANDIDATES = ["concurrent", "sequential", "saved_model", "one_client", "generate", "llama_server",
+              "llama_one_client", "prefix_cache"]
+WORKERS = ("saved_model", "generate")  # the candidates that run in a child process of this script
 SERVER = {"concurrent": "concurrent", "one_client": "concurrent", "sequential": "sequential",
           "llama_server": "llama_server", "llama_one_client": "llama_server"}  # whose server
 MANY = ("concurrent", "saved_model", "llama_server")  # the candidates of --clients clients (the others: one)
@@ -326,7 +329,25 @@ def prefix_rows(results):
     return rows, {"what": "tfgpt2 serve, prefix cache", "figure": figure}
 
 
-# ---- the SavedModel, in a child process -----------------------------------------------------
+# ---- the SavedModel and tfgpt2.generate, each in a child process -----------------------------
+
+def generate_worker(args):
+    """--runs passes of the workload through `tfgpt2.generate`, one request after another."""
+    from tfgpt2.formats.checkpoint import load_model
+    from tfgpt2.sample import generate
+    model = load_model(args.model_dir, dtype=None if args.dtype == "float32" else args.dtype, tf32=args.tf32)
+
+    def run(requests):
+        done, t0 = [], time.perf_counter()
+        for ids, new, seed in requests:
+            start = time.perf_counter() - t0
+            generate(model, [ids], new, temperature=1.0, seed=seed, logit_bias={EOT: -100})
+            done.append((start, time.perf_counter() - t0, new))
+        return figures(time.perf_counter() - t0, done)
+    requests = workload(args.requests, args.prompt, args.new)
+    run(requests)  # the warm-up: every shape of the workload compiles
+    print(json.dumps([run(requests) for _ in range(args.runs)]))
+
 
 def saved_model_worker(args):
     """Export (once, into --export_dir), then --runs passes of the workload from --clients threads."""
@@ -369,13 +390,14 @@ def saved_model_worker(args):
     print(json.dumps([run(requests) for _ in range(args.runs)]))
 
 
-def saved_model(args):
+def in_worker(name, args):
+    """The passes of candidate `name` (WORKERS), run by this script in a child process."""
     with tempfile.TemporaryDirectory(prefix="tfgpt2-serve-bench-") as tmp:
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "--export_dir", os.path.join(tmp, "export"),
-                   *sys_args(args)]
+        command = [sys.executable, os.path.abspath(__file__), "--worker", name, "--export_dir",
+                   os.path.join(tmp, "export"), *sys_args(args)]
         done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=report.ROOT))
     if done.returncode:
-        raise RuntimeError("the SavedModel worker failed: " + done.stderr[-2000:])
+        raise RuntimeError(f"the {name} worker failed: " + done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -436,10 +458,13 @@ def headlines(rows, args):
     first = c["ttft_p50_s"]["median"], c["ttft_p99_s"]["median"]
     figure = ", ".join(parts) + f"; first token p50 {first[0]:.2f} s, p99 {first[1]:.2f} s"
     found = [{"what": f"tfgpt2 serve, {args.clients} clients, {args.max_batch} slots", "figure": figure}]
-    one = by.get("one_client", {})
-    if "vs_sequential" in one:
+    one, alone = by.get("one_client", {}), by.get("generate", {})
+    ratios = [f"{one['vs_sequential']:.2f}x a 1-slot server"] if "vs_sequential" in one else []
+    if "tokens_per_s" in alone and "tokens_per_s" in one:
+        ratios.append(f"{one['tokens_per_s']['median'] / alone['tokens_per_s']['median']:.2f}x tfgpt2.generate alone")
+    if ratios:
         found.append({"what": f"tfgpt2 serve, 1 client, {args.max_batch} slots", "figure": (
-            f"{one['tokens_per_s']['median']:,.0f} tokens/s, {one['vs_sequential']:.2f}x a 1-slot server")})
+            f"{one['tokens_per_s']['median']:,.0f} tokens/s, {', '.join(ratios)}")})
     for name, clients in (("concurrent", args.clients), ("one_client", 1)):
         if "vs_llama_server" in by.get(name, {}):
             ours, theirs = by[name]["tokens_per_s"]["median"], by[PEERS[name]]["tokens_per_s"]["median"]
@@ -473,7 +498,7 @@ def arguments(argv):
     parser.add_argument("--prefix_new", type=int, default=16, help="prefix_cache: new tokens per request")
     llama_peer.add_arguments(parser)
     report.add_arguments(parser, "serve")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--export_dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.slot_context = args.prompt[1] + args.new[1] + 8  # llama-server's context per sequence
@@ -490,7 +515,7 @@ def notes_of(args, memory, statuses, absent, rows):
              f"the concurrent server). Servers: "
              f"--prefill_chunk {args.prefill_chunk} --decode_steps {args.decode_steps}, {args.dtype}"
              f"{' (TF32 products)' if args.tf32 else ''}; each server and "
-             f"the SavedModel in a process of its own; clients over HTTP on the same machine."]
+             f"the SavedModel and tfgpt2.generate in a process of its own; clients over HTTP on the same machine."]
     if args.gguf:
         notes.append(f"llama_server: {llama_peer.describe(args)}, -np {args.max_batch} with {args.slot_context} "
                      f"positions each, on the GGUF file of --model_dir's weights (tfgpt2 convert --to gguf); "
@@ -510,7 +535,7 @@ def notes_of(args, memory, statuses, absent, rows):
 def main(argv=None):
     args = arguments(argv)
     if args.worker:
-        return saved_model_worker(args)
+        return {"saved_model": saved_model_worker, "generate": generate_worker}[args.worker](args)
     absent = [c for c in args.candidates if c.startswith("llama") and not (args.llama_cpp and os.path.isfile(
         llama_peer.program(args, "llama-server")))]
     args.candidates = [c for c in args.candidates if c not in absent]
@@ -520,9 +545,9 @@ def main(argv=None):
             args.model_dir, llama_peer.gguf_type(args), folder)
         print("measuring the servers ...", file=sys.stderr, flush=True)
         results, first, memory, statuses = servers(args, requests)
-    if "saved_model" in args.candidates:
-        print("measuring the SavedModel ...", file=sys.stderr, flush=True)
-        results["saved_model"] = saved_model(args)
+    for name in (c for c in WORKERS if c in args.candidates):
+        print(f"measuring {name} ...", file=sys.stderr, flush=True)
+        results[name] = in_worker(name, args)
     rows = rows_of(results, args)
     prefix_tables, found = [], []
     if "prefix_cache" in args.candidates:
