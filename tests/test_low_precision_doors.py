@@ -85,12 +85,14 @@ def assert_eager(model, dtype, prompt, tokens, logprobs=None):
 
 
 def test_load_model_dtype(model, dtype):
-    """bfloat16: every variable; int8: the blocks' weights int8 with float32 scales, the rest float32."""
+    """bfloat16: every variable; int8: the blocks' weights int8 with float32 scales, and an int8
+    copy of wte for the logits, the rest float32."""
     kinds = {v.path.split("/")[-1]: v.dtype for v in model.weights}
     if dtype == "bfloat16":
         assert set(kinds.values()) == {"bfloat16"}
     else:
         assert kinds["w"] == "int8" and kinds["w_scale"] == "float32" and kinds["wte"] == "float32"
+        assert kinds["wte_int8"] == "int8" and kinds["wte_scale"] == "float32"
         assert all(conv.quantization_mode == "int8" for block in model.h
                    for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj))
 
@@ -163,6 +165,9 @@ def test_saved_model(tiny_dir, model, dtype, prompts, asked, tmp_path):
     stored = set(tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
                  .get_variable_to_dtype_map().values())
     assert tf.as_dtype(dtype) in stored
+    if dtype == "int8":  # the int8 copy of wte the logits read
+        shapes = tf.train.load_checkpoint(os.path.join(path, "variables", "variables")).get_variable_to_shape_map()
+        assert model.logits_int8.shape.as_list() in shapes.values()
     width = max(map(len, prompts))
     ids = [[0] * (width - len(p)) + p for p in prompts]
     mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]

@@ -40,7 +40,8 @@ def test_quantize_int8(tiny_01_dir, tmp_path):
     assert len(convs) == 4 * TINY["n_layer"]
     assert all(c.quantization_mode == "int8" and c.w.dtype == "int8" for c in convs)
     after = {v.path: v.dtype for v in model.weights}
-    assert set(after) - set(names) == {c.w_scale.path for c in convs}
+    assert set(after) - set(names) == {c.w_scale.path for c in convs} | {"model/wte_int8", "model/wte_scale"}
+    assert after["model/wte_int8"] == "int8" and after["model/wte"] == "float32"  # the lookup reads the float wte
     assert {p for p in names if after[p] != names[p]} == {c.w.path for c in convs}
 
     logits = model(IDS)["logits"].numpy()
@@ -59,6 +60,37 @@ def test_quantize_int8(tiny_01_dir, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "l.npy"), logits)
 
 
+def test_int8_output_layer():
+    """The logits read the int8 copy of the output weight (wte, or out_head untied), a scale per
+    row: exactly as NumPy's int8 product of h's quantized rows, and under XLA (one row) one s8 dot
+    to the vocabulary; a `.keras` config names it, so that loading builds it."""
+    import re
+
+    import keras
+    import tensorflow as tf
+    from tfgpt2 import GPT2
+    from tfgpt2.hparams import default_hparams
+    from tfgpt2.products import cpus_only
+    hp = default_hparams().override_from_dict(TINY)
+    for tied in (True, False):
+        model = GPT2(hp, tie_embeddings=tied)
+        model.quantize("int8")
+        w = model.wte if tied else model.out_head
+        assert (model.logits_int8.path, model.logits_int8.dtype) == (f"{w.path}_int8", "int8")
+        np.testing.assert_array_equal(model.logits_int8.numpy(), np.round(w.numpy() * model.logits_scale.numpy()[:, None]))
+        assert keras.dtype_policies.deserialize(model.get_config()["dtype"])[w.path].quantization_mode == "int8"
+        assert GPT2.from_config(model.get_config()).logits_int8.dtype == "int8"
+    h = tf.constant(np.random.default_rng(0).normal(0, 1, [3, hp.n_embd]), tf.float32)
+    h_int8 = np.round(h.numpy() * (127 / np.abs(h.numpy()).max(-1, keepdims=True)))
+    expected = (h_int8 @ model.logits_int8.numpy().astype(np.float64).T) / (
+        (127 / np.abs(h.numpy()).max(-1, keepdims=True)) * model.logits_scale.numpy())
+    np.testing.assert_allclose(model.int8_logits(h).numpy(), expected, rtol=1e-6, atol=0)
+    if not cpus_only():
+        pytest.skip("the dot checked is XLA's CPU backend's")
+    hlo = tf.function(model.lm_logits, jit_compile=True).experimental_get_compiler_ir(h[None, :1])(stage="optimized_hlo")
+    assert re.findall(r"= (\w+)\[2,(\d+)\]\S* dot\(", hlo) == [("s32", str(hp.n_vocab))], hlo
+
+
 @pytest.mark.slow
 def test_quantized_model_exports_and_refuses_checkpoints(tiny_01_dir, tmp_path):
     """The SavedModel of a quantized model computes the model's logits; a LiteRT export and an
@@ -72,7 +104,7 @@ def test_quantized_model_exports_and_refuses_checkpoints(tiny_01_dir, tmp_path):
     np.testing.assert_allclose(logits.numpy(), model(IDS)["logits"].numpy(), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match=r"LiteRT export takes a float32 model .* quantized layers \['model/h0"):
         export_litert(model, str(tmp_path / "q.tflite"))
-    with pytest.raises(ValueError, match=r"cannot be saved as an OpenAI checkpoint \(model/h0/attn/c_attn/w is int8\)"):
+    with pytest.raises(ValueError, match=r"cannot be saved as an OpenAI checkpoint \(model/wte_int8 is int8\)"):
         save_model(model, str(tmp_path / "ckpt"))
 
 
@@ -106,7 +138,7 @@ def test_one_row_int8_product_multiplies_int8():
     from tfgpt2.products import cpus_only
     rng = np.random.default_rng(0)
     x, w = (tf.constant(rng.integers(-127, 128, shape), tf.int8) for shape in ([1, 64], [64, 48]))
-    product = tf.function(int8_matmul, jit_compile=True)
+    product = tf.function(lambda x, w: int8_matmul(x, w), jit_compile=True, autograph=False)
     np.testing.assert_array_equal(product(x, w).numpy(), x.numpy().astype(np.int32) @ w.numpy().astype(np.int32))
     if not cpus_only():
         pytest.skip("the operand types checked are XLA's CPU backend's")

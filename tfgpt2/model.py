@@ -250,6 +250,7 @@ class GPT2(TokenIds, LoRAModel, Int8Model, Fit, TF32, Unwritten, Config, keras.M
         self.ln_f.build((None, None, hp.n_embd))
         self.out_head = None if self.tie_embeddings else self.add_weight(
             name="out_head", shape=[hp.n_vocab, hp.n_embd], initializer=self.normal(0.02))
+        self.int8_logits_build()  # where the config names the output weight int8 (`model.quantize("int8")`)
 
     def call(self, X, past=None, *, return_hidden=False):
         """The original's model(); `return_hidden` adds 'hidden' [batch, n_layer, T, n_embd], the
@@ -290,6 +291,8 @@ class GPT2(TokenIds, LoRAModel, Int8Model, Fit, TF32, Unwritten, Config, keras.M
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
         wte = self.wte if self.tie_embeddings else self.out_head
+        if self.logits_int8 is not None:  # `model.quantize("int8")`: an int8 copy of wte (adapters/int8.py)
+            return tf.reshape(self.int8_logits(h_flat), [batch, sequence, hp.n_vocab])
         logits = matmul(h_flat, self.as_compute(wte), transpose_b=True, tf32=self.tf32)
         return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, hp.n_vocab])
 

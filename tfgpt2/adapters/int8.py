@@ -1,6 +1,7 @@
 """int8 weights: `model.quantize("int8")` reaches a Conv1D as it reaches a Keras Dense
 (`quantize`, `quantized_build`, and `_int8_call`, which Keras' `__call__` runs in place of
-`call`), and a quantized GPT2's config names each layer's policy."""
+`call`), and GPT2's output layer (`Int8Model`: the logits read an int8 copy of `wte`); a
+quantized GPT2's config names each layer's policy, and the output weight's."""
 import keras
 import numpy as np
 import tensorflow as tf
@@ -45,8 +46,8 @@ class Int8:
     def _int8_call(self, x):
         """x @ w in int8 (x's rows quantized as w's columns), rescaled to the compute dtype."""
         x_int8, x_scale = keras.quantizers.abs_max_quantize(tf.reshape(x, [-1, self.nx]), axis=-1)
-        y = tf.cast(int8_matmul(x_int8, tf.reshape(self.w, [self.nx, self.nf])), self.compute_dtype)
-        y = y / (tf.cast(x_scale, self.compute_dtype) * tf.cast(self.w_scale, self.compute_dtype))
+        y = rescaled(int8_matmul(x_int8, tf.reshape(self.w, [self.nx, self.nf])), x_scale, self.w_scale,
+                     self.compute_dtype)
         y = tf.reshape(y + self.b, tf.concat([tf.shape(x)[:-1], [self.nf]], 0))
         y.set_shape(x.shape[:-1].concatenate([self.nf]))  # the static shape, where known
         return y
@@ -69,27 +70,72 @@ class Int8:
             getattr(self, name).assign(store[str(i)])
 
 
-def int8_matmul(x, w):
-    """x @ w for int8 x [rows, nx] and w [nx, nf], into int32. A single row is multiplied as two
-    (itself twice): XLA's CPU backend widens a one-row int8 product's operands to int32 (four
-    times the weight's bytes, read at every step), and multiplies int8 as such from two rows on."""
+def int8_matmul(x, w, transpose_b=False):
+    """x @ w (w^T where `transpose_b`) for int8 x [rows, nx] and w [nx, nf] ([nf, nx]), into
+    int32. A single row is multiplied as two (itself twice): XLA's CPU backend widens a one-row
+    int8 product's operands to int32 (four times the weight's bytes, read at every step), and
+    multiplies int8 as such from two rows on."""
     if x.shape[0] == 1:
-        return keras.ops.matmul(tf.concat([x, x], 0), w)[:1]
-    return keras.ops.matmul(x, w)
+        return int8_matmul(tf.concat([x, x], 0), w, transpose_b=transpose_b)[:1]
+    return tf.linalg.matmul(x, w, transpose_b=transpose_b, output_type=tf.int32)
+
+
+def rescaled(y, x_scale, w_scale, dtype):
+    """An int8 product y [rows, nf] back to `dtype`: over its rows' scales x_scale [rows, 1]
+    and its weight's w_scale [nf] (each 127 / abs max)."""
+    return tf.cast(y, dtype) / (tf.cast(x_scale, dtype) * tf.cast(w_scale, dtype))
 
 
 class Int8Model:
-    """The config of a quantized model."""
+    """A quantized model: its output layer in int8 (`quantize`: the output weight, `wte` or
+    `out_head` [n_vocab, n_embd], copied as int8 rows `<name>_int8` with a scale per row
+    `<name>_scale`, 127 / the row's abs max; the logits product reads that copy with h's rows
+    quantized as a Conv1D's input, `int8_logits`; the lookup still reads the float `wte`), and
+    its config (`get_config`)."""
+
+    logits_int8 = logits_scale = None  # the int8 copy of the output weight, and its scales
+
+    def quantize(self, mode=None, **kwargs):
+        """Keras' `Model.quantize` (every Conv1D), then the output weight in int8."""
+        super().quantize(mode, **kwargs)
+        w, scale = keras.quantizers.abs_max_quantize(self.output_weight().numpy(), axis=1, to_numpy=True)
+        self.int8_logits_build(force=True)
+        self.logits_int8.assign(w)
+        self.logits_scale.assign(np.reshape(scale, [-1]))
+
+    def output_weight(self):
+        return self.wte if self.tie_embeddings else self.out_head
+
+    def int8_logits_build(self, *, force=False):
+        """The int8 copy of the output weight and its scales (zeros), where `force`d or the
+        config names the output weight int8 (`with_quantized_dtype`): called by `build`."""
+        w = self.output_weight()
+        policy = self.dtype_policy
+        if not force and not (isinstance(policy, keras.dtype_policies.DTypePolicyMap) and w.path in policy):
+            return
+        self.logits_int8 = self.add_weight(name=f"{w.name}_int8", shape=w.shape, initializer="zeros", dtype="int8",
+                                           trainable=False)
+        self.logits_scale = self.add_weight(name=f"{w.name}_scale", shape=w.shape[:1], initializer="ones",
+                                            trainable=False)
+
+    def int8_logits(self, h):
+        """h [rows, n_embd] @ the output weight^T [n_embd, n_vocab] in int8: float32 logits."""
+        h_int8, h_scale = keras.quantizers.abs_max_quantize(h, axis=-1)
+        return rescaled(int8_matmul(h_int8, self.logits_int8, transpose_b=True), h_scale, self.logits_scale,
+                        tf.float32)
 
     def get_config(self):
         return self.with_quantized_dtype(super().get_config())
 
     def with_quantized_dtype(self, config):
         """`config` with, where layers are quantized, the dtype as a `DTypePolicyMap` naming each
-        one's policy by its path, so that loading builds them quantized (as KerasHub's backbones)."""
+        one's policy by its path, so that loading builds them quantized (as KerasHub's backbones),
+        and the output weight's path where its copy is int8."""
         quantized = {layer.path: layer.dtype_policy for layer in self._flatten_layers() if layer.quantization_mode}
+        policy = self.dtype_policy
+        base = policy.default_policy if isinstance(policy, keras.dtype_policies.DTypePolicyMap) else policy
+        if self.logits_int8 is not None:
+            quantized[self.output_weight().path] = keras.dtype_policies.get(f"int8_from_{base.name}")
         if quantized:
-            policy = self.dtype_policy
-            base = policy.default_policy if isinstance(policy, keras.dtype_policies.DTypePolicyMap) else policy
             config["dtype"] = keras.dtype_policies.serialize(keras.dtype_policies.DTypePolicyMap(base, quantized))
         return config

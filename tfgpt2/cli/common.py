@@ -17,7 +17,7 @@ from .args import Parser, checked, ranged, token_value
 
 DTYPES = ["float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16", "int8"]  # Keras dtype policies, int8
 DTYPE_HELP = ("the model's Keras dtype policy: bfloat16 halves the memory; int8 makes the blocks' weights int8 "
-              "with a scale per column (model.quantize) (default float32)")
+              "with a scale per column, and the logits' (model.quantize) (default float32)")
 
 
 def add_quiet(parser):

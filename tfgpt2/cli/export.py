@@ -35,7 +35,7 @@ def main(argv=None, prog="tfgpt2 export"):
                         help="generate: a row stops after <|endoftext|> (fixed for every request)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="the Keras dtype policy to export with: bfloat16 halves the variables; int8 makes "
-                        "the blocks' weights int8 with a scale per column (default float32)")
+                        "the blocks' weights int8 with a scale per column, and the logits' (default float32)")
     parser.add_argument("--eot", type=int, default=EOT_TOKEN, help=f"the <|endoftext|> id (default {EOT_TOKEN})")
     parser.add_argument("--format", default="saved_model", choices=["saved_model", "litert"],
                         help="a SavedModel folder (default) or a LiteRT .tflite file")

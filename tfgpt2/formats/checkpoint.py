@@ -143,7 +143,8 @@ def load_model(model_dir, *, checkpoint=None, tie_embeddings=True, dtype=None, r
     shapes are checked against the hparams before any weight is allocated. `dtype`: a Keras
     dtype policy ("bfloat16", "mixed_float16", ...); each tensor is cast as it is read. "int8":
     loaded in float32, then `model.quantize("int8")` (the blocks' weights int8 with a scale per
-    column, products on int8 inputs quantized per row; docs/precision.md).
+    column, the logits' an int8 copy of wte with a scale per row, products on int8 inputs
+    quantized per row; docs/precision.md).
     `remat`: as `GPT2`'s (fine-tuning with less memory). `lora`: LoRA adapters to apply, not
     merged (`formats.lora.apply_adapters`: a run folder or a `lora-<step>` prefix). `tf32`: as
     `GPT2`'s (TensorFloat-32 allowed in float32 products; docs/precision.md).
