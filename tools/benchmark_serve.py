@@ -163,7 +163,9 @@ async def drive(url, requests, clients):
     (wall seconds, [(start, first chunk, end, tokens)])."""
     import httpx
     queue, results = list(reversed(requests)), []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # a connection per request: llama-server closes a kept-alive connection after a few requests
+    # (cpp-httplib's limit), and a request sent on it as it closes fails
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
         t0 = time.perf_counter()
 
