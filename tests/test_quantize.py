@@ -39,6 +39,7 @@ def test_quantize_int8(tiny_01_dir, tmp_path):
     convs = [layer for layer in model._flatten_layers() if isinstance(layer, Conv1D)]
     assert len(convs) == 4 * TINY["n_layer"]
     assert all(c.quantization_mode == "int8" and c.w.dtype == "int8" for c in convs)
+    assert all(c.w.shape == (c.nf, c.nx) for c in convs)  # transposed: each output's weights contiguous
     after = {v.path: v.dtype for v in model.weights}
     assert set(after) - set(names) == {c.w_scale.path for c in convs} | {"model/wte_int8", "model/wte_scale"}
     assert after["model/wte_int8"] == "int8" and after["model/wte"] == "float32"  # the lookup reads the float wte
