@@ -315,7 +315,7 @@ def test_serve_benchmark_workload_warm_up_and_ratios():
         assert [len(g) for g in groups] == widths + [2] * bool(widths)
         assert all([(len(ids), new) for ids, new, _ in g] == [(8, 128)] * len(g) for g in groups[:-1])
         assert not widths or [(len(ids), new) for ids, new, _ in groups[-1]] == [(8, 2), (8, 128)]
-    args = argparse.Namespace(clients=16, max_batch=16)
+    args = argparse.Namespace(clients=16, max_batch=16, dtype="float32")
     passes = {"concurrent": [{"tokens_per_s": 90.0, "busy_tokens_per_s": 120.0, "ttft_p50_s": 0.3, "ttft_p99_s": 2.0},
                              {"tokens_per_s": 110.0, "busy_tokens_per_s": 140.0, "ttft_p50_s": 0.5, "ttft_p99_s": 3.0}],
               "sequential": [{"tokens_per_s": 24.0, "busy_tokens_per_s": 25.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3},
@@ -391,7 +391,7 @@ def test_serve_benchmark_against_llama_server():
     """tfgpt2's concurrent and one-client candidates as ratios of llama-server's (the same load on
     its -np slots), and their headlines; the request asks both servers for the same sampling."""
     from tools import benchmark_serve as bench
-    args = argparse.Namespace(clients=16, max_batch=16)
+    args = argparse.Namespace(clients=16, max_batch=16, dtype="bfloat16")
     passes = {name: [{"tokens_per_s": figure, "busy_tokens_per_s": figure, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3}]
               for name, figure in (("concurrent", 200.0), ("one_client", 45.0), ("llama_server", 250.0),
                                    ("llama_one_client", 60.0))}
@@ -400,11 +400,11 @@ def test_serve_benchmark_against_llama_server():
     assert rows["one_client"]["vs_llama_server"] == pytest.approx(0.75)
     assert (rows["llama_server"]["clients"], rows["llama_server"]["slots"]) == (16, 16)
     assert (rows["llama_one_client"]["clients"], rows["llama_one_client"]["slots"]) == (1, 16)
-    assert bench.headlines(list(rows.values()), args)[-2:] == [
-        {"what": "tfgpt2 serve against llama-server, 16 clients, 16 slots each",
-         "figure": "200 against 250 tokens/s over whole passes (0.80x)"},
-        {"what": "tfgpt2 serve against llama-server, 1 client, 16 slots each",
-         "figure": "45 against 60 tokens/s over whole passes (0.75x)"}]
+    assert bench.headlines(list(rows.values()), args) == [
+        {"what": "tfgpt2 serve (bfloat16), 16 clients, 16 slots",
+         "figure": "200 tokens/s with all clients busy, 200 tokens/s over whole passes; first token p50 0.10 s, "
+                   "p99 0.30 s; llama-server 250 tokens/s over whole passes (0.80x)"},
+        {"what": "tfgpt2 serve (bfloat16), 1 client, 16 slots", "figure": "45 tokens/s, 0.75x llama-server's 60"}]
     request = bench.body(([1, 2], 5, 7))
     assert (request["top_k"], request["top_p"], request["min_p"], request["logit_bias"]) == (0, 1.0, 0.0, {"50256": -100})
 
@@ -434,12 +434,13 @@ def test_serve_benchmark_states_the_fresh_servers_first_requests():
     """The fresh server's first requests: their time to first token at p99 as a ratio of the warm
     passes', the warm-up, and the compiles on a request's step, in the notes and a headline."""
     from tools import benchmark_serve as bench
+    args = argparse.Namespace(fresh_requests=100, clients=16, max_batch=16, dtype="float32")
     rows = bench.rows_of({"concurrent": [{"tokens_per_s": 100.0, "busy_tokens_per_s": 120.0, "ttft_p50_s": 0.3,
-                                          "ttft_p99_s": 2.0}]}, argparse.Namespace(clients=16, max_batch=16))
+                                          "ttft_p99_s": 2.0}]}, args)
     first = dict(ready_s=250.0, warmup_s=240.0, warmup_programs=10, request_compiles=0, stand_in_steps=900,
                  background=20, ttft_p50_s=0.5, ttft_p99_s=3.0, tokens_per_s=80.0)
     assert "p99 3.00 s (1.50x the warm passes' p99)" in bench.fresh_notes(first, rows)[0]
-    assert bench.fresh_headline(first, rows, argparse.Namespace(fresh_requests=100, clients=16)) == [
+    assert bench.fresh_headline(first, rows, args) == [
         {"what": "tfgpt2 serve, fresh, first 100 requests, 16 clients",
          "figure": "first token p99 3.00 s, 1.50x warm (2.00 s); warm-up 240 s, 0 compiles on a request's step"}]
     assert bench.fresh_notes(None, rows) == []

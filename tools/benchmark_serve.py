@@ -444,11 +444,24 @@ def rows_of(results, args):
 
 
 def headlines(rows, args):
-    """The concurrent server's tokens/s while its clients are all busy and over whole passes, as
-    ratios to the sequential server's and the SavedModel's, and its times to first token."""
+    """The concurrent server's row (`busy_figure`) and the one client's (`one_client_figure`)."""
     by = {r["candidate"]: r for r in rows}
     if "concurrent" not in by:
         return []
+    found = [{"what": f"{served(args)}, {args.clients} clients, {args.max_batch} slots", "figure": busy_figure(by)}]
+    one = one_client_figure(by)
+    return found + ([{"what": f"{served(args)}, 1 client, {args.max_batch} slots", "figure": one}] if one else [])
+
+
+def served(args):
+    """What served: tfgpt2 serve, and its dtype unless float32."""
+    return "tfgpt2 serve" + ("" if args.dtype == "float32" else f" ({args.dtype})")
+
+
+def busy_figure(by):
+    """The concurrent server's tokens/s while its clients are all busy and over whole passes, as
+    ratios to the sequential server's and the SavedModel's, its times to first token, and
+    llama-server's tokens/s over whole passes on the same load."""
     c, saved = by["concurrent"], by.get("saved_model", {})
     parts = []
     for key, what in (("busy_tokens_per_s", "with all clients busy"), ("tokens_per_s", "over whole passes")):
@@ -459,22 +472,23 @@ def headlines(rows, args):
             parts.append(f"{c[key]['median']:,.0f} tokens/s {what}" + (f" ({', '.join(ratios)})" if ratios else ""))
     first = c["ttft_p50_s"]["median"], c["ttft_p99_s"]["median"]
     figure = ", ".join(parts) + f"; first token p50 {first[0]:.2f} s, p99 {first[1]:.2f} s"
-    found = [{"what": f"tfgpt2 serve, {args.clients} clients, {args.max_batch} slots", "figure": figure}]
+    if "vs_llama_server" in c:
+        figure += (f"; llama-server {by['llama_server']['tokens_per_s']['median']:,.0f} tokens/s over whole passes "
+                   f"({c['vs_llama_server']:.2f}x)")
+    return figure
+
+
+def one_client_figure(by):
+    """One client's tokens/s on the concurrent server, as ratios to a 1-slot server's, to
+    tfgpt2.generate's alone and to one client's on llama-server; None where there is no ratio."""
     one, alone = by.get("one_client", {}), by.get("generate", {})
     ratios = [f"{one['vs_sequential']:.2f}x a 1-slot server"] if "vs_sequential" in one else []
     if "tokens_per_s" in alone and "tokens_per_s" in one:
         ratios.append(f"{one['tokens_per_s']['median'] / alone['tokens_per_s']['median']:.2f}x tfgpt2.generate alone")
-    if ratios:
-        found.append({"what": f"tfgpt2 serve, 1 client, {args.max_batch} slots", "figure": (
-            f"{one['tokens_per_s']['median']:,.0f} tokens/s, {', '.join(ratios)}")})
-    for name, clients in (("concurrent", args.clients), ("one_client", 1)):
-        if "vs_llama_server" in by.get(name, {}):
-            ours, theirs = by[name]["tokens_per_s"]["median"], by[PEERS[name]]["tokens_per_s"]["median"]
-            found.append({"what": f"tfgpt2 serve against llama-server, {clients} client{'s' * (clients > 1)}, "
-                                  f"{args.max_batch} slots each",
-                          "figure": f"{ours:,.0f} against {theirs:,.0f} tokens/s over whole passes "
-                                    f"({by[name]['vs_llama_server']:.2f}x)"})
-    return found
+    if "vs_llama_server" in one:
+        ratios.append(f"{one['vs_llama_server']:.2f}x llama-server's "
+                      f"{by['llama_one_client']['tokens_per_s']['median']:,.0f}")
+    return f"{one['tokens_per_s']['median']:,.0f} tokens/s, {', '.join(ratios)}" if ratios else None
 
 
 def arguments(argv):
@@ -593,7 +607,7 @@ def fresh_headline(first, rows, args):
     warm = warm_p99(rows)
     if not first or not warm:
         return []
-    return [{"what": f"tfgpt2 serve, fresh, first {args.fresh_requests} requests, {args.clients} clients",
+    return [{"what": f"{served(args)}, fresh, first {args.fresh_requests} requests, {args.clients} clients",
              "figure": f"first token p99 {first['ttft_p99_s']:.2f} s, {first['ttft_p99_s'] / warm:.2f}x warm "
                        f"({warm:.2f} s); warm-up {first['warmup_s']:.0f} s, "
                        f"{first['request_compiles']:.0f} compiles on a request's step"}]
