@@ -3,6 +3,8 @@ rows, the whole batch's loop and LiteRT's) and `call_with_slots` (the server's s
 a position of its own, across cache blocks) give `GPT2.call`'s logits, for each option of the
 layers (LoRA, int8, bfloat16, an untied head) and each weight layout (`layouts`), at a prompt
 and at the step after it."""
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -125,3 +127,32 @@ def test_call_with_slots_is_gpt2_call(model_for, name):
     assert_close(prompt.numpy(), expected[:-1], dtype, f"{name}: the prompt")
     assert_close(step[0].numpy(), expected[-1], dtype, f"{name}: its next token")
     assert_close(step[1].numpy(), model(np.array([second]))["logits"].numpy()[0, 0], dtype, f"{name}: a first token")
+
+
+@pytest.mark.slow  # XLA: compiles the loop
+def test_bfloat16_logits_read_bfloat16_in_a_loop(model_for):
+    """In a decoding loop on a CPU, the one-row logits product reads the bfloat16 `wte` at each
+    step (`held_logits`), not a float32 copy that XLA would hoist out of the loop (twice the
+    bytes read at every step); the logits those steps give are GPT2.call's."""
+    from tfgpt2.products import cpus_only
+    model = model_for("bfloat16")
+    w = layout.split(model)
+
+    @tf.function(jit_compile=True, autograph=False)
+    def run(prompt):
+        def body(i, token, cache, logits):
+            step, cache = call_with_cache(model, token, cache, i, layouts=w)
+            return i + 1, tf.gather(prompt, [tf.minimum(i + 1, prompt.shape[1] - 1)], axis=1), cache, step
+        return tf.while_loop(lambda i, *_: i < prompt.shape[1], body,
+                             (0, prompt[:, :1], empty_cache(model, 1, BLOCK), tf.zeros([1, HPARAMS["n_vocab"]])))[3]
+    prompt = tf.constant([PROMPTS[1]])
+    assert_close(run(prompt)[0].numpy(), expected_logits(model)[1][-2], "bfloat16", "the last step's logits")
+    if not cpus_only():
+        pytest.skip("the copies checked for are XLA's CPU backend's")
+    hlo = run.experimental_get_compiler_ir(prompt)(stage="optimized_hlo")
+    made = {name: (shape, op, operand) for name, shape, op, operand
+            in re.findall(r"%([\w.-]+) = (\w+\[[\d,]*\])\S* ([\w-]+)\(%?([\w.-]*)", hlo)}
+    (weight,) = [b for a, b in re.findall(rf"= f32\[{HPARAMS['n_vocab']}\]\S* dot\(%([\w.-]+), %([\w.-]+)\)", hlo)]
+    # the product's weight converted where it is read, from the bfloat16 variable
+    _, op, source = made[weight]
+    assert op == "convert" and made[source][0] == f"bf16[{HPARAMS['n_vocab']},{HPARAMS['n_embd']}]", (made[weight], hlo)
