@@ -61,6 +61,23 @@ def test_quantize_int8(tiny_01_dir, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "l.npy"), logits)
 
 
+def test_an_int8_weight_stored_untransposed_loads_and_a_wrong_shape_is_named():
+    """An int8 Conv1D's `w` from a file that holds it as [1, nx, nf] (written before int8
+    weights were held as [nf, nx]) loads transposed; a value of another shape is refused with
+    the layer, the variable and both shapes."""
+    from tfgpt2.model import Conv1D
+    layer = Conv1D(4, 6, name="c_fc")
+    layer.build()
+    layer.quantize("int8")
+    w = np.arange(24, dtype=np.int8).reshape([1, 4, 6])
+    layer.load_own_variables({"0": w, "1": np.ones(6, np.float32), "2": np.full(6, 2.0, np.float32)})
+    np.testing.assert_array_equal(layer.w.numpy(), w[0].T)
+    np.testing.assert_array_equal(layer.w_scale.numpy(), np.full(6, 2.0))
+    with pytest.raises(ValueError, match=r"c_fc: the file's w is \[4, 5\], this layer's is \[6, 4\]"):
+        layer.load_own_variables({"0": np.zeros([4, 5], np.int8), "1": np.ones(6, np.float32),
+                                  "2": np.ones(6, np.float32)})
+
+
 def test_int8_output_layer():
     """The logits read the int8 copy of the output weight (wte, or out_head untied), a scale per
     row: exactly as NumPy's int8 product of h's quantized rows, and under XLA (one row) one s8 dot

@@ -68,7 +68,18 @@ class Int8:
             raise ValueError(f"layer {self.path}: the file holds {len(store.keys())} variables, "
                              f"this {self.quantization_mode or 'float'} layer {len(names)} ({', '.join(names)})")
         for i, name in enumerate(names):
-            getattr(self, name).assign(store[str(i)])
+            getattr(self, name).assign(self.stored_value(name, store[str(i)]))
+
+    def stored_value(self, name, value):
+        """A file's value for variable `name`: an int8 `w` as [1, nx, nf] (the layout of files
+        written before int8 weights were held as [nf, nx]) transposed; another shape refused."""
+        variable = getattr(self, name)
+        if name == "w" and self.quantization_mode == "int8" and tuple(value.shape) == (1, self.nx, self.nf):
+            return np.transpose(np.asarray(value)[0])
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"layer {self.path}: the file's {name} is {list(value.shape)}, "
+                             f"this layer's is {list(variable.shape)}")
+        return value
 
 
 def int8_matmul(x, w, transpose_b=False):
