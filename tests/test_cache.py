@@ -57,7 +57,18 @@ OPTIONS = ("float32", "lora", "int8", "bfloat16", "untied")
 # for which the head is not a block weight) with the options that change the block products
 CASES = [(option, "own") for option in OPTIONS] + [(option, "split") for option in ("float32", "lora", "bfloat16")] + [
     pytest.param((option, "transposed"), marks=pytest.mark.slow, id=f"{option}-transposed")  # XLA: compiles
-    for option in ("float32", "lora")]
+    for option in ("float32", "lora", "bfloat16")]
+
+
+def test_transposed_layouts_are_float32_copies(model_for):
+    """A 16-bit model's transposed block weights are float32 copies of its own: XLA's CPU
+    backend multiplies 16 bits as float32, converting the weights again at each call (each token
+    of a server's step) where they are held in 16 bits."""
+    model = model_for("bfloat16")
+    copies = layout.transposed(model)
+    assert all(t.dtype == tf.float32 for block in copies for t in block)
+    w = model.h[0].attn.c_attn.w
+    np.testing.assert_array_equal(copies[0][0].numpy(), np.transpose(tf.cast(w, tf.float32).numpy()[0]))
 
 
 @pytest.fixture(scope="module")

@@ -168,9 +168,10 @@ def project(conv, x, layout):
         elif isinstance(layout, int):
             y = matmul(x, tf.reshape(w, [-1, conv.nf]), tf32=conv.tf32)
         else:
-            # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight. The
-            # barrier keeps XLA from rewriting it back into x @ w.
-            y = tf.transpose(xla.optimization_barrier(matmul(layout, x, transpose_b=True, tf32=conv.tf32))[0])
+            # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight (float32,
+            # `layouts.transposed`). The barrier keeps XLA from rewriting it back into x @ w.
+            y = matmul(layout, tf.cast(x, layout.dtype), transpose_b=True, tf32=conv.tf32)
+            y = tf.cast(tf.transpose(xla.optimization_barrier(y)[0]), x.dtype)
         if conv.lora_enabled:  # LoRA adapters (`Conv1D.enable_lora`), not merged
             y += conv.lora_output(x)
         return tf.reshape(y + tf.cast(conv.b, x.dtype), start + [conv.nf])

@@ -26,9 +26,11 @@ def usable(model):
 
 def transposed(model):
     """Each block's four Conv1D weights copied as [nf, nx] (XLA only: the product that reads
-    them needs an optimization barrier)."""
-    return [tuple(tf.transpose(tf.reshape(model.as_compute(conv.w), [-1, conv.nf])) for conv in convs(block))
-            for block in model.h]
+    them needs an optimization barrier), in float32: XLA's CPU backend multiplies 16-bit
+    operands as float32 copies, which it would otherwise make again at each call (at each token
+    of a server's step); so the same numbers, read at float32's cost."""
+    return [tuple(tf.transpose(tf.reshape(tf.cast(model.as_compute(conv.w), tf.float32), [-1, conv.nf]))
+                  for conv in convs(block)) for block in model.h]
 
 
 def split(model, k=SPLIT_K):
