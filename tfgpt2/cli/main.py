@@ -5,7 +5,6 @@ hides TensorFlow's start-up lines while it imports TensorFlow and tfgpt2, then c
 here; `python -m tfgpt2` (tfgpt2/__main__.py) calls it too. `run_command` also serves the `python -m`
 names of OpenAI's sample scripts and the forks' train.py."""
 import importlib
-import logging
 import os
 import sys
 
@@ -31,20 +30,10 @@ def module_name(command):
     return "tfgpt2.cli." + command.replace("-", "_")
 
 
-class _ExpectedRetracing(logging.Filter):
-    """Drops TensorFlow's "triggered tf.function retracing" warning for the generation loop and
-    the server's slots, which compile once per length bucket by design."""
-
-    def filter(self, record):
-        message = record.getMessage()
-        return not ("retracing" in message and ("Generator." in message or "Slots." in message))
-
-
 def quiet():
     """What a command sets for its own process: TensorFlow's C++ notices off (unless the user set
-    TF_CPP_MIN_LOG_LEVEL), and no retracing warnings for generation."""
+    TF_CPP_MIN_LOG_LEVEL); `tfgpt2.decoding` keeps generation's retracing warnings off."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    logging.getLogger("tensorflow").addFilter(_ExpectedRetracing())
 
 
 def usage(prog="tfgpt2"):

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from ..model import shape_list
 from ..products import cpus_only
-from . import layouts
+from . import layouts, quiet_retracing
 from . import step as per_token
 from .cache import call_with_cache, empty_cache
 
@@ -29,6 +29,7 @@ class Generator:
     """
 
     def __init__(self, model, *, jit_compile=True):
+        quiet_retracing()  # a trace per length bucket, by design
         self._model = weakref.ref(model)
         self.jit_compile = jit_compile
         self.traces = 0

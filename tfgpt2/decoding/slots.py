@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from ..products import cpus_only
 from . import controls as control
-from . import layouts
+from . import layouts, quiet_retracing
 from . import step as per_token
 from . import stops as text_stops
 from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache
@@ -57,6 +57,7 @@ class Slots:
     more than the program (a polymorphic `tf.function` call matches its arguments each time)."""
 
     def __init__(self, model, *, max_batch, chunk, steps, eot, pool=0, vocabulary=None):
+        quiet_retracing()  # a trace per shape bucket, by design
         hp = model.hparams
         self.model, self.max_batch, self.chunk, self.steps, self.eot = model, max_batch, chunk, steps, eot
         if vocabulary is not None:
