@@ -349,6 +349,28 @@ def test_serve_benchmark_generate_worker(tiny_dir):
     assert len(passes) == 2 and all(p["tokens_per_s"] > 0 for p in passes)
 
 
+def test_serve_benchmark_timed_passes(capsys):
+    """The SavedModel and generate candidates' passes (`timed_passes`): a warm-up pass and --runs
+    passes, each request once per pass, from as many threads at once as there are clients, each
+    pass's tokens counted."""
+    import threading
+    from tools import benchmark_serve as bench
+    args = argparse.Namespace(requests=5, prompt=(2, 4), new=(1, 3), runs=2)
+    together, calls, lock = threading.Barrier(2, timeout=60), [], threading.Lock()
+
+    def call(request):
+        with lock:
+            calls.append(request)
+            first_two = len(calls) <= 2
+        if first_two:
+            together.wait()  # both clients in a call at once, or a BrokenBarrierError
+    bench.timed_passes(call, args, clients=2)
+    requests = bench.workload(5, (2, 4), (1, 3))
+    assert sorted(calls) == sorted(requests * 3)
+    passes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(passes) == 2 and all(p["tokens_per_s"] > 0 for p in passes)
+
+
 def guidellm_benchmark(strategy, totals, rate, tokens_per_s, ttft, itl, tpot):
     """A benchmark of guidellm's JSON report, in the shape its 0.8 release writes (only the keys
     benchmark_guidellm reads): latencies as (median, p99) of the answered requests."""

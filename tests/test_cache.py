@@ -69,6 +69,8 @@ def test_transposed_layouts_are_float32_copies(model_for):
     assert all(t.dtype == tf.float32 for block in copies for t in block)
     w = model.h[0].attn.c_attn.w
     np.testing.assert_array_equal(copies[0][0].numpy(), np.transpose(tf.cast(w, tf.float32).numpy()[0]))
+    np.testing.assert_array_equal(layout.head(model).numpy(), tf.cast(model.wte, tf.float32).numpy())
+    assert layout.head(model_for("float32")) is None
 
 
 @pytest.fixture(scope="module")
@@ -117,24 +119,33 @@ def test_call_with_cache_is_gpt2_call(model_for, case):
             assert_close(step[j].numpy(), expected[i][-1], dtype, f"{name}, {layouts}: row {i}'s next token")
 
 
+def slots_run(model, held=False):
+    """The compiled program of `test_call_with_slots_is_gpt2_call`; `held`: with the server's
+    transposed layouts and float32 `wte` (`layouts.head`)."""
+    first, second = PROMPTS[0], PROMPTS[1][:1]
+    w, head = (layout.transposed(model), layout.head(model)) if held else (None, None)
+
+    @tf.function(jit_compile=True)
+    def run():
+        prompt, cache = call_with_slots(model, tf.constant([first]), slot_cache(model, 3, 2 * BLOCK),
+                                        tf.constant([0]), window=2 * BLOCK, slot=tf.constant([1]), every_position=True,
+                                        layouts=w, head=head)
+        step, _ = call_with_slots(model, tf.constant([NEXT[0], second]), cache, tf.constant([len(first), 0]),
+                                  window=2 * BLOCK, slot=tf.constant([1, 0]), layouts=w, head=head)
+        return prompt[0], step
+    return run
+
+
 @pytest.mark.slow  # XLA: a slot's write past a block is dropped by XLA alone
-@pytest.mark.parametrize("name", OPTIONS)
+@pytest.mark.parametrize("name", OPTIONS + ("bfloat16-held",))
 def test_call_with_slots_is_gpt2_call(model_for, name):
     """The first prompt read into the second slot across the first cache block (every
     position's logits), then a step of two rows at positions of their own: that prompt's next
     token, and the second prompt's first token at position 0 of the first slot."""
-    model = model_for(name)
-    first, second = PROMPTS[0], PROMPTS[1][:1]
-
-    @tf.function(jit_compile=True)
-    def run():
-        prompt, cache = call_with_slots(model, tf.constant([first]), slot_cache(model, 2, 2 * BLOCK),
-                                        tf.constant([0]), window=2 * BLOCK, slot=tf.constant([1]), every_position=True)
-        step, _ = call_with_slots(model, tf.constant([NEXT[0], second]), cache, tf.constant([len(first), 0]),
-                                  window=2 * BLOCK, slot=tf.constant([1, 0]))
-        return prompt[0], step
-    prompt, step = run()
-    expected, dtype = expected_logits(model)[0], "bfloat16" if name == "bfloat16" else "float32"
+    model = model_for(name.split("-")[0])
+    second = PROMPTS[1][:1]
+    prompt, step = slots_run(model, held=name.endswith("-held"))()
+    expected, dtype = expected_logits(model)[0], "bfloat16" if name.startswith("bfloat16") else "float32"
     assert_close(prompt.numpy(), expected[:-1], dtype, f"{name}: the prompt")
     assert_close(step[0].numpy(), expected[-1], dtype, f"{name}: its next token")
     assert_close(step[1].numpy(), model(np.array([second]))["logits"].numpy()[0, 0], dtype, f"{name}: a first token")
@@ -167,3 +178,21 @@ def test_bfloat16_logits_read_bfloat16_in_a_loop(model_for):
     # the product's weight converted where it is read, from the bfloat16 variable
     _, op, source = made[weight]
     assert op == "convert" and made[source][0] == f"bf16[{HPARAMS['n_vocab']},{HPARAMS['n_embd']}]", (made[weight], hlo)
+
+
+@pytest.mark.slow  # XLA: compiles
+def test_bfloat16_slots_convert_no_block_and_no_wte(model_for):
+    """A bfloat16 model's slot steps, as the server runs them, convert neither a cache block nor
+    `wte` whole: XLA's CPU backend writes rows of a 16-bit float block by converting it to
+    float32 and back (the slots hold its bits: `cache.slot_dtype`), and gathers a row of a
+    16-bit `wte` from a float32 copy of it made at each call (the lookup reads `layouts.head`)."""
+    from tfgpt2.products import cpus_only
+    if not cpus_only():
+        pytest.skip("the copies checked for are XLA's CPU backend's")
+    model = model_for("bfloat16")
+    hp = model.hparams
+    hlo = slots_run(model, held=True).experimental_get_compiler_ir()(stage="optimized_hlo")
+    whole = {f"{t}[{hp.n_vocab},{hp.n_embd}]" for t in ("f32", "bf16")} | {
+        f"{t}[{3 * hp.n_head},{BLOCK},{hp.n_embd // hp.n_head}]" for t in ("f32", "bf16")}
+    made = {(shape, op) for shape, op in re.findall(r"= (\w+\[[\d,]*\])\S* ([\w-]+)\(", hlo) if shape in whole}
+    assert {op for _, op in made} <= {"parameter", "get-tuple-element", "tuple"}, made

@@ -105,7 +105,7 @@ def test_int8_output_layer():
     np.testing.assert_allclose(model.int8_logits(h).numpy(), expected, rtol=1e-6, atol=0)
     if not cpus_only():
         pytest.skip("the dot checked is XLA's CPU backend's")
-    hlo = tf.function(model.lm_logits, jit_compile=True).experimental_get_compiler_ir(h[None, :1])(stage="optimized_hlo")
+    hlo = tf.function(lambda h: model.lm_logits(h), jit_compile=True).experimental_get_compiler_ir(h[None, :1])(stage="optimized_hlo")
     assert re.findall(r"= (\w+)\[2,(\d+)\]\S* dot\(", hlo) == [("s32", str(hp.n_vocab))], hlo
 
 

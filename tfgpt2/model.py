@@ -282,18 +282,20 @@ class GPT2(TokenIds, LoRAModel, Int8Model, Fit, TF32, Unwritten, Config, keras.M
         """A model-level variable in the compute dtype (Keras autocasts only inside `__call__`)."""
         return tf.cast(variable, self.compute_dtype)
 
-    def lm_logits(self, h):
-        """The final norm, then logits from `wte` (or `out_head`): [batch, T, n_vocab] float32."""
+    def lm_logits(self, h, wte=None):
+        """The final norm, then logits from `wte` (or `out_head`; or the `wte` given, the
+        decoding engine's copy of it: `decoding.cache.held_logits`): [batch, T, n_vocab] float32."""
         hp = self.hparams
         batch, sequence, _ = shape_list(h)
         h = self.ln_f(h)
 
         # Language model loss.  Do tokens <n predict token n?
         h_flat = tf.reshape(h, [batch * sequence, hp.n_embd])
-        wte = self.wte if self.tie_embeddings else self.out_head
         if self.logits_int8 is not None:  # `model.quantize("int8")`: an int8 copy of wte (adapters/int8.py)
             return tf.reshape(self.int8_logits(h_flat), [batch, sequence, hp.n_vocab])
-        logits = matmul(h_flat, self.as_compute(wte), transpose_b=True, tf32=self.tf32)
+        wte = self.as_compute(self.output_weight()) if wte is None else wte
+        logits = matmul(tf.cast(h_flat, wte.dtype), wte, transpose_b=True, tf32=self.tf32)
+        logits = tf.cast(logits, h.dtype)  # in the compute dtype, as from a `wte` in it
         return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, hp.n_vocab])
 
 

@@ -339,16 +339,10 @@ def generate_worker(args):
     from tfgpt2.sample import generate
     model = load_model(args.model_dir, dtype=None if args.dtype == "float32" else args.dtype, tf32=args.tf32)
 
-    def run(requests):
-        done, t0 = [], time.perf_counter()
-        for ids, new, seed in requests:
-            start = time.perf_counter() - t0
-            generate(model, [ids], new, temperature=1.0, seed=seed, logit_bias={EOT: -100})
-            done.append((start, time.perf_counter() - t0, new))
-        return figures(time.perf_counter() - t0, done)
-    requests = workload(args.requests, args.prompt, args.new)
-    run(requests)  # the warm-up: every shape of the workload compiles
-    print(json.dumps([run(requests) for _ in range(args.runs)]))
+    def call(request):
+        ids, new, seed = request
+        generate(model, [ids], new, temperature=1.0, seed=seed, logit_bias={EOT: -100})
+    timed_passes(call, args, clients=1)
 
 
 def saved_model_worker(args):
@@ -361,14 +355,17 @@ def saved_model_worker(args):
     generate = tf.saved_model.load(path).signatures["generate"]
 
     def call(request):
-        """The seconds of one request."""
         ids, new, seed = request
-        start, ids = time.perf_counter(), tf.constant([ids], tf.int32)
+        ids = tf.constant([ids], tf.int32)
         generate(input_ids=ids, attention_mask=tf.ones_like(ids), max_new_tokens=tf.constant(new),
                  temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(1.0),
                  seed=tf.constant(seed, tf.int64))["output_ids"].numpy()
-        return time.perf_counter() - start
+    timed_passes(call, args, clients=args.clients)
 
+
+def timed_passes(call, args, *, clients):
+    """A warm-up pass of the workload (every shape compiles), then --runs passes, each request
+    `call(request)` from one of `clients` threads; prints the passes' figures as JSON."""
     def run(requests):
         queue, done, lock = list(reversed(requests)), [], threading.Lock()
 
@@ -379,8 +376,9 @@ def saved_model_worker(args):
                         return
                     request = queue.pop()
                 start = time.perf_counter() - t0
-                done.append((start, start + call(request), request[1]))
-        threads = [threading.Thread(target=worker) for _ in range(args.clients)]
+                call(request)
+                done.append((start, time.perf_counter() - t0, request[1]))
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -388,7 +386,7 @@ def saved_model_worker(args):
             t.join()
         return figures(time.perf_counter() - t0, done)
     requests = workload(args.requests, args.prompt, args.new)
-    run(requests)  # the warm-up: every shape of the workload compiles
+    run(requests)
     print(json.dumps([run(requests) for _ in range(args.runs)]))
 
 

@@ -19,13 +19,13 @@ from ..products import matmul
 BLOCK = 64  # positions per block of a slot cache (`slot_cache`)
 
 
-def empty_cache(model, batch, length):
+def empty_cache(model, batch, length, dtype=None):
     """The zero cache for `length` positions: per layer (keys, values), each
-    [batch * n_head, length, head_dim] in the model's compute dtype (separate tensors, so that
-    XLA updates each in place)."""
+    [batch * n_head, length, head_dim] in the model's compute dtype, or `dtype` (separate
+    tensors, so that XLA updates each in place)."""
     hp = model.hparams
     shape = [batch * hp.n_head, length, hp.n_embd // hp.n_head]
-    return [(tf.zeros(shape, model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
+    return [(tf.zeros(shape, dtype or model.compute_dtype),) * 2 for _ in range(hp.n_layer)]
 
 
 def blocks_for(positions):
@@ -35,8 +35,17 @@ def blocks_for(positions):
 
 def slot_cache(model, slots, length):
     """The zero cache of `slots` slots of `length` positions (a multiple of BLOCK): per layer
-    (keys, values), each a tuple of length / BLOCK blocks [slots * n_head, BLOCK, head_dim]."""
-    return [tuple((zeros,) * (length // BLOCK) for zeros in layer) for layer in empty_cache(model, slots, BLOCK)]
+    (keys, values), each a tuple of length / BLOCK blocks [slots * n_head, BLOCK, head_dim], in
+    `slot_dtype`."""
+    return [tuple((zeros,) * (length // BLOCK) for zeros in layer)
+            for layer in empty_cache(model, slots, BLOCK, slot_dtype(model))]
+
+
+def slot_dtype(model):
+    """What a slot cache holds: the compute dtype's values; a 16-bit dtype's bits (uint16): XLA's
+    CPU backend writes rows of a 16-bit float block (a scatter) by converting the whole block
+    to float32 and back, at each step (a bitcast of the rows read and written is free)."""
+    return tf.uint16 if tf.as_dtype(model.compute_dtype).size == 2 else model.compute_dtype
 
 
 def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, table=None):
@@ -74,12 +83,13 @@ def padded_positions(tokens, past_length, pad):
     return positions if pad is None else tf.maximum(positions - tf.cast(pad, tf.int32)[:, None], 0)
 
 
-def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, every_position=False):
+def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, head=None, every_position=False):
     """X [rows, T] through the blocks over a cache of slots (`slot_cache`): row r's tokens sit
     at positions start[r], start[r] + 1, ... of its slot (slot r, of the first `rows` slots, or
     slot[r] with `slot` [rows]), their keys and values written there, and attend to the slot's
     first `window` positions (a Python int; its blocks are read whole) up to their own. A slot's
     keys past the position being written are never read, so a slot is reused without clearing it.
+    `head`: a 16-bit model's `wte` (or `out_head`) as a float32 copy (`layouts.head`), or None.
 
     Returns the logits of the last position [rows, n_vocab] (of every position [rows, T,
     n_vocab] with `every_position`) and the updated cache. Positions past the window's blocks
@@ -97,20 +107,23 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
         for j in range(blocks):
             offset = at - j * BLOCK
             offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
-            stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), values)
-        read = [b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
+            stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), bitcast(values, old[j].dtype))
+        read = [bitcast(b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows), new.dtype)
+                for b in stored[:blocks]]
         return tuple(stored), read
-    return through_blocks(model, X, positions, mask, cache, write, layouts, every_position=every_position)
+    return through_blocks(model, X, positions, mask, cache, write, layouts, head=head, every_position=every_position)
 
 
-def through_blocks(model, X, positions, mask, cache, write, layouts, table=None, *, every_position=False):
+def through_blocks(model, X, positions, mask, cache, write, layouts, table=None, *, head=None, every_position=False):
     """The embeddings of X at `positions`, the blocks over `cache` (`write(old, new)` stores a
     layer's new keys or values and gives (the stored cache, what attention reads: a list of
     blocks, `cached_attn`)), then the logits of the last position, or of every one: ([batch,
-    n_vocab] or [batch, T, n_vocab], the updated cache)."""
+    n_vocab] or [batch, T, n_vocab], the updated cache). `head`: as `call_with_slots`'s."""
     embed, logits = table or ((lambda X: tf.gather(model.as_compute(model.wte), X)), model.lm_logits)
     if table is None and layouts and model.compute_dtype != "float32" and not tf.executing_eagerly():
-        logits = lambda h: held_logits(model, h)
+        logits = lambda h: held_logits(model, h, head)
+    if table is None and head is not None and model.tie_embeddings:  # a gathered 16-bit row would
+        embed = lambda X: tf.cast(tf.gather(head, X), model.compute_dtype)  # convert all of wte
     h = embed(X) + tf.gather(model.as_compute(model.wpe), positions)
     new_cache = []
     for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
@@ -119,19 +132,17 @@ def through_blocks(model, X, positions, mask, cache, write, layouts, table=None,
     return (logits(h) if every_position else logits(h[:, -1:])[:, 0]), new_cache
 
 
-def held_logits(model, h):
-    """`model.lm_logits(h)` with its 16-bit weight read at each call: at one row, XLA's CPU
-    backend multiplies it within one fused loop over the 16-bit values, but in a loop it hoists
-    their float32 copy out of it and reads that (twice the bytes) at every step; the barrier,
-    tied to h, keeps the conversion in the loop, where it fuses into the product (on 124M, a
-    tenth of a bfloat16 step). At more rows, the layer's own."""
-    hp = model.hparams
+def held_logits(model, h, head=None):
+    """`model.lm_logits(h)` of a 16-bit model. At one row, its 16-bit weight read at each call:
+    XLA's CPU backend multiplies it within one fused loop over the 16-bit values, but in a loop
+    it hoists their float32 copy out of it and reads that (twice the bytes) at every step; the
+    barrier, tied to h, keeps the conversion in the loop, where it fuses into the product (on
+    124M, a tenth of a bfloat16 step). At more rows, `head` (its float32 copy, the same
+    numbers) where given: XLA would convert the 16-bit weight at each call (on 124M at 16
+    rows, a product of twice the copy's time)."""
     if h.shape[0] != 1 or h.shape[1] != 1:  # static shapes: None where unknown
-        return model.lm_logits(h)
-    h = tf.reshape(model.ln_f(h), [1, hp.n_embd])
-    w = model.as_compute(model.wte if model.tie_embeddings else model.out_head)
-    logits = matmul(h, xla.optimization_barrier(w, h)[0], transpose_b=True, tf32=model.tf32)
-    return tf.reshape(tf.cast(logits, tf.float32), [1, 1, hp.n_vocab])
+        return model.lm_logits(h, head)
+    return model.lm_logits(h, xla.optimization_barrier(model.as_compute(model.output_weight()), h)[0])
 
 
 def block_with_cache(block, x, mask, cache, write, layout):
@@ -175,6 +186,11 @@ def project(conv, x, layout):
         if conv.lora_enabled:  # LoRA adapters (`Conv1D.enable_lora`), not merged
             y += conv.lora_output(x)
         return tf.reshape(y + tf.cast(conv.b, x.dtype), start + [conv.nf])
+
+
+def bitcast(x, dtype):
+    """x as `dtype` (`tf.bitcast`, a type of its width), or x itself where it is one."""
+    return x if x.dtype == dtype else tf.bitcast(x, dtype)
 
 
 def write_cache(cache, update, index):

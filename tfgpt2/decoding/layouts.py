@@ -33,6 +33,13 @@ def transposed(model):
                   for conv in convs(block)) for block in model.h]
 
 
+def head(model):
+    """A 16-bit model's `wte` (or `out_head`) as a float32 copy, for the logits of several rows
+    and the lookup (`cache.held_logits`); None for a float32 one. 154 MB for 124M."""
+    w = model.as_compute(model.output_weight())
+    return None if w.dtype == tf.float32 else tf.cast(w, tf.float32)
+
+
 def split(model, k=SPLIT_K):
     """At one row: each product as k over slices of nx, without copying any weight."""
     return [(k,) * 4] * len(model.h)

@@ -35,7 +35,7 @@ from . import controls as control
 from . import layouts, quiet_retracing
 from . import step as per_token
 from . import stops as text_stops
-from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache
+from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache, slot_dtype
 from .programs import Programs, key_of
 from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS, Request
 
@@ -67,7 +67,7 @@ class Slots:
         self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
                       for layer in slot_cache(model, max_batch, self.length)]
         self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)
-                     for layer in empty_cache(model, pool, BLOCK)]  # [pool * n_head, BLOCK, head_dim]
+                     for layer in empty_cache(model, pool, BLOCK, slot_dtype(model))]  # [pool * n_head, BLOCK, head_dim]
         def kept(shape, dtype, fill=0):
             return tf.Variable(tf.fill(shape, tf.constant(fill, dtype)), trainable=False)
         self.bias = kept([max_batch, hp.n_vocab], tf.float32)
@@ -85,6 +85,7 @@ class Slots:
         # `generator.weights_for` picks them: at one slot without a copy
         self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
                         layouts.split(model) if max_batch == 1 else layouts.transposed(model))
+        self.head = None if self.layouts is None else layouts.head(model)  # a 16-bit wte's float32 copy
         self.programs = Programs(lambda name, static: lambda *args: getattr(self, "_" + name)(*args, **static),
                                  tf.nest.flatten(self.cache) + list(self.slot_state))
         self.copies = {}  # the prefix cache's copies (not compiled)
@@ -232,7 +233,7 @@ class Slots:
 
     def _prefill(self, tokens, where, targets=None, *, window):
         logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window,
-                                        slot=where[:1], layouts=self.layouts, every_position=targets is not None)
+                                        slot=where[:1], layouts=self.layouts, head=self.head, every_position=targets is not None)
         self._store(cache)
         if targets is not None:  # with each target's rank (1: the most likely), as vLLM's prompt_logprobs
             chosen, top = per_token.log_probabilities(logits[0], targets)
@@ -269,7 +270,7 @@ class Slots:
             alive = tf.equal(s["step"]["finish"], 0)
             at = tf.where(alive, s["position"], self.length - 1)  # a stopped row writes past its window
             logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
-                                            layouts=self.layouts)
+                                            layouts=self.layouts, head=self.head)
             token, stepped, _ = per_token.step(logits, s["step"], controls)
             spent = tf.equal(stepped["finish"], 0) & (stepped["count"] - row["count"] >= row["budget"])
             stepped["finish"] = tf.where(spent, IDLE, stepped["finish"])
