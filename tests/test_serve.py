@@ -180,6 +180,7 @@ def test_greedy_completions_plain_and_streamed_are_generate_alone(client, tiny):
     """At temperature 0 each choice is `tfgpt2.generate`'s text for its prompt alone, multi-byte
     characters split across tokens included (`logit_bias` makes the model write byte tokens),
     and a streamed completion's chunks join to the same text."""
+    from tfgpt2.serve.scheduler import LONE_STEPS
     bias = {str(t): 100 for t in MULTIBYTE}
     for prompt, extra in [(PROMPTS[0], {}), (PROMPTS[1], {}), (PROMPTS[2], dict(logit_bias=bias))]:
         expected = alone(tiny, prompt, temperature=0, logit_bias={int(t): v for t, v in extra.get("logit_bias",
@@ -187,7 +188,8 @@ def test_greedy_completions_plain_and_streamed_are_generate_alone(client, tiny):
         plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=NEW, temperature=0, **extra)
         texts, reasons, chunks = streamed(client, prompt=prompt, max_tokens=NEW, temperature=0, **extra)
         assert plain.choices[0].text == texts[0] == expected, prompt
-        assert len(chunks) > 2 and plain.choices[0].finish_reason == reasons[0]
+        # streamed as it is made: a chunk per decode call (up to LONE_STEPS tokens for a completion alone)
+        assert len(chunks) >= -(-NEW // LONE_STEPS) > 1 and plain.choices[0].finish_reason == reasons[0]
         assert plain.usage.prompt_tokens == len(ENCODER.encode(prompt, allowed_special="all"))
     # the bytes of characters came in several tokens, whole (and where no character, as U+FFFD)
     assert "\ufffd" in expected and any(len(c.encode()) > 1 and c != "\ufffd" for c in expected)
@@ -234,9 +236,11 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     """The scheduler alone (no server): one sequence decodes one slot wide, whatever
     --max_batch; three at once (slots 0 to 2), four, and as the first two end the third moves
     down to slot 0 (its cache, penalties' counts and bias with it), so two, then one; each
-    sequence's tokens are `generate`'s for its prompt alone, at every width."""
+    sequence's tokens are `generate`'s for its prompt alone, at every width. A sequence decoding
+    alone makes up to LONE_STEPS tokens a call, several at once one each (--decode_steps 1)."""
+    from tfgpt2.decoding.slots import INTS
     from tfgpt2.sample import generate
-    from tfgpt2.serve.scheduler import Scheduler, Sequence, width
+    from tfgpt2.serve.scheduler import LONE_STEPS, Scheduler, Sequence, width
     assert [width(n, 16) for n in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16] and width(5, 6) == 6
     scheduler = Scheduler(tiny, max_batch=8, max_queue=8, chunk=16, eot=ENCODER.eot_token)
     penalties = dict(repetition_penalty=3.0, presence_penalty=2.0, frequency_penalty=5.0)
@@ -249,6 +253,9 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     bias = {**eot, **{int(t): -100.0 for t in free[NEW:]}}
     moves, move = [], scheduler.slots.move
     scheduler.slots.move = lambda source, target: moves.append(source) or move(source, target)
+    budgets, decode = [], scheduler.slots.decode  # each call's budgets of the rows that make tokens
+    scheduler.slots.decode = lambda ints, *args: budgets.append(
+        sorted(b for b in ints[INTS.index("budget")] if b)) or decode(ints, *args)
 
     def run(prompts, new):
         ended = [concurrent.futures.Future() for _ in prompts]
@@ -266,10 +273,13 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
     try:
         assert run(prompts[:1], [NEW])[0] == {1} and not moves
+        assert budgets == [[min(LONE_STEPS, NEW - k)] for k in range(0, NEW, LONE_STEPS)]
+        budgets.clear()
         # the first ready alone, then two while the third is prefilled (a chunk a step), then 4, not 8;
         # the third makes the most tokens, and ends in slot 0
         widths, sequences = run(prompts, [NEW // 3, NEW // 2, 2 * NEW])
         assert widths == {1, 2, 4} and moves == [2] and sequences[2].slot == 0
+        assert all(b == [1] * len(b) for b in budgets if len(b) > 1) and [LONE_STEPS] in budgets
     finally:
         scheduler.close()
         engine.result(timeout=60)
@@ -334,7 +344,8 @@ def long_model(tmp_path_factory):
 
 def test_the_warm_up_prefills_a_first_chunk_over_its_own_blocks(long_model):
     """A context of two blocks: besides the whole context's, a prefill of the longest chunk over
-    the first block is compiled before the first request, and a short prompt's chunk runs it."""
+    the first block, and a decode step over it, are compiled before the first request, and a
+    short prompt's chunk runs that prefill."""
     import tensorflow as tf
     from tfgpt2.serve.scheduler import Scheduler
     scheduler = Scheduler(long_model, max_batch=1, max_queue=1, chunk=32, eot=ENCODER.eot_token)
@@ -342,6 +353,8 @@ def test_the_warm_up_prefills_a_first_chunk_over_its_own_blocks(long_model):
     programs = scheduler.slots.programs
     windows = sorted(dict(key[2])["window"] for key in programs if key[0] == "prefill")
     assert windows == [64, 128, 128] and programs.count("warmup") == len(programs)
+    # a decode step over the whole context (and with every stop) and over its first quarter
+    assert sorted(dict(key[2])["window"] for key in programs if key[0] == "decode") == [64, 128, 128]
     key, _ = scheduler.slots.program("prefill", tf.TensorSpec([1, 16], tf.int32), tf.TensorSpec([2], tf.int32),
                                      window=64)
     assert dict(key[2])["window"] == 64 and key[1][0][0] == (1, 32)

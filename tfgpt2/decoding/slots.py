@@ -97,11 +97,12 @@ class Slots:
 
     def warm(self, widths):
         """Compiles the programs that stand in for every other (`programs`): a decode step at each
-        of `widths` rows over the whole context, and from 4 rows on over its first quarter too
-        (where the rows' cache reads would outweigh the weights'); at the widest, one with the
-        slots' whole stop shapes; a prefill of the longest chunk over the whole context (scored
-        and not), and over its own first blocks (a prompt's first chunk: most prompts' only
-        one); `admit` and `move`."""
+        of `widths` rows over the whole context and over its first quarter (where most sequences
+        run, until the background has compiled their own: the whole context's blocks cost a
+        sequence alone a fifth more time on 124M, and outweigh the weights at many rows); at the
+        widest, one with the slots' whole stop shapes; a prefill of the longest chunk over the
+        whole context (scored and not), and over its own first blocks (a prompt's first chunk:
+        most prompts' only one); `admit` and `move`."""
         n_ctx = self.model.hparams.n_ctx
         quarter = min(blocks_for(n_ctx // 4) * BLOCK, n_ctx)
         first = min(blocks_for(self.chunk) * BLOCK, n_ctx)
@@ -109,7 +110,7 @@ class Slots:
         rows = [specs_of(np.zeros([len(INTS), w], np.int32), np.zeros([len(FLOATS), w], np.float32),
                          np.zeros(w, np.int64)) for w in widths]
         decode = [key_of("decode", specs, dict(window=window, stops=(None, None))) for w, specs in zip(widths, rows)
-                  for window in dict.fromkeys([n_ctx] + [quarter] * (w >= 4))]
+                  for window in dict.fromkeys([n_ctx, quarter])]
         tokens = np.zeros(self.chunk, np.int32)
         prefill = [key_of("prefill", specs_of(tokens[None], tokens[:2], *[tokens] * score), dict(window=window))
                    for window, score in dict.fromkeys([(n_ctx, False), (n_ctx, True), (first, False)])]
@@ -270,7 +271,7 @@ class Slots:
             alive = tf.equal(s["step"]["finish"], 0)
             at = tf.where(alive, s["position"], self.length - 1)  # a stopped row writes past its window
             logits, cache = call_with_slots(self.model, s["token"][:, None], s["cache"], at, window=window,
-                                            layouts=self.layouts, head=self.head)
+                                            layouts=self._layouts(batch), head=self.head)
             token, stepped, _ = per_token.step(logits, s["step"], controls)
             spent = tf.equal(stepped["finish"], 0) & (stepped["count"] - row["count"] >= row["budget"])
             stepped["finish"] = tf.where(spent, IDLE, stepped["finish"])
@@ -294,6 +295,14 @@ class Slots:
         if stops[0] is not None:
             self.prefixes[:batch, :stops[0][0], :stops[0][1]].assign(end["prefixes"])
         return s["tokens"], end["count"] - row["count"], end["finish"], end["cut"], s["logprob"], s["top"]
+
+    def _layouts(self, rows):
+        """The layouts of a decode step of `rows` rows: at one row of a float32 model,
+        `layouts.split` (its own weights, a tenth faster there than the copies; a 16-bit model's
+        would be converted at each call)."""
+        if self.layouts is not None and rows == 1 and self.model.compute_dtype == "float32":
+            return layouts.split(self.model)
+        return self.layouts
 
     def _controls(self, row, seed, batch, stops):
         """The step's controls for the first `batch` slots: their rows of the call and of the

@@ -30,6 +30,8 @@ ERROR = -2  # a sink's `finish` where the step failed
 PER_SLOT = ("top_k", "length", "logprobs", "biased", "stop_at_eot", "min_tokens", "include_stop")  # a request's ints
 
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
+LONE_STEPS = 4  # tokens per decode call for a sequence alone while nothing waits: the host's cost of a call
+# (a few ms) spread over them; a request that comes meanwhile waits for at most that call
 
 
 class QueueFull(Exception):
@@ -77,15 +79,16 @@ class Scheduler:
     of its own until `close`. At most `max_queue` sequences wait for a slot (`submit` raises
     QueueFull past that). `chunk`: the longest prefill chunk; `steps`: the most tokens a decode
     call makes while no prompt is waiting to be prefilled (more amortize the host's work per
-    call, fewer let new requests in sooner); `prefix_blocks`: the blocks of the prefix cache's
+    call, fewer let new requests in sooner), at least LONE_STEPS for a sequence alone; `prefix_blocks`: the blocks of the prefix cache's
     pool (0: no prefix cache); `vocabulary` (a `decoding.stops.Vocabulary`): the token bytes that
     stop strings are matched on."""
 
     def __init__(self, model, *, max_batch, max_queue, chunk=64, steps=1, eot, prefix_blocks=0, vocabulary=None):
         self.n_ctx, self.n_vocab, self.eot = model.hparams.n_ctx, model.hparams.n_vocab, eot
         self.max_batch, self.max_queue, self.chunk = max_batch, max_queue, chunk
-        self.slots = Slots(model, max_batch=max_batch, chunk=chunk, steps=steps, eot=eot, pool=prefix_blocks,
-                           vocabulary=vocabulary)
+        self.steps = steps
+        self.slots = Slots(model, max_batch=max_batch, chunk=chunk, steps=max(steps, LONE_STEPS), eot=eot,
+                           pool=prefix_blocks, vocabulary=vocabulary)
         self.prefix = PrefixCache(prefix_blocks) if prefix_blocks else None
         self.unkept = []  # sequences whose prompts' blocks the prefix cache is yet to keep (`_keep`)
         self.running = [None] * max_batch
@@ -178,9 +181,10 @@ class Scheduler:
         if prefilling:
             self._prefill(prefilling[0])
         self._scored()
-        if any(s is not None and not s.prefilling for s in self.running):
+        decoding = sum(1 for s in self.running if s is not None and not s.prefilling)
+        if decoding:
             more = self.waiting or any(s is not None and s.prefilling for s in self.running)
-            self._decode(1 if more else self.slots.steps)
+            self._decode(1 if more else self.steps if decoding > 1 else self.slots.steps)
         self._keep()
         self._compact()
 
