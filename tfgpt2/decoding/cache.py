@@ -122,8 +122,9 @@ def through_blocks(model, X, positions, mask, cache, write, layouts, table=None,
     embed, logits = table or ((lambda X: tf.gather(model.as_compute(model.wte), X)), model.lm_logits)
     if table is None and layouts and model.compute_dtype != "float32" and not tf.executing_eagerly():
         logits = lambda h: held_logits(model, h, head)
-    if table is None and head is not None and model.tie_embeddings:  # a gathered 16-bit row would
-        embed = lambda X: tf.cast(tf.gather(head, X), model.compute_dtype)  # convert all of wte
+    if table is None and head is not None and model.tie_embeddings:
+        # XLA's CPU backend gathers a 16-bit row from a float32 copy of all of wte, made at each call
+        embed = lambda X: tf.cast(tf.gather(head, X), model.compute_dtype)
     h = embed(X) + tf.gather(model.as_compute(model.wpe), positions)
     new_cache = []
     for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
