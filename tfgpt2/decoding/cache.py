@@ -103,11 +103,12 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
     at = tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])  # each new key's position
 
     def write(old, new):  # old: a layer's blocks; new [rows * heads, T, head_dim]
-        stored, row, values = list(old), tf.repeat(rows, shape_list(new)[1]), tf.reshape(new, [-1, shape_list(new)[2]])
+        stored, row = list(old), tf.repeat(rows, shape_list(new)[1])
+        values = bitcast(tf.reshape(new, [-1, shape_list(new)[2]]), old[0].dtype)  # as the blocks hold them
         for j in range(blocks):
             offset = at - j * BLOCK
             offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
-            stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), bitcast(values, old[j].dtype))
+            stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), values)
         read = [bitcast(b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows), new.dtype)
                 for b in stored[:blocks]]
         return tuple(stored), read

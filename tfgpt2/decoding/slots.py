@@ -66,8 +66,8 @@ class Slots:
         self.length = blocks_for(hp.n_ctx + chunk) * BLOCK
         self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
                       for layer in slot_cache(model, max_batch, self.length)]
-        self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)
-                     for layer in empty_cache(model, pool, BLOCK, slot_dtype(model))]  # [pool * n_head, BLOCK, head_dim]
+        self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)  # [pool * n_head, BLOCK, head_dim]
+                     for layer in empty_cache(model, pool, BLOCK, slot_dtype(model))]
         def kept(shape, dtype, fill=0):
             return tf.Variable(tf.fill(shape, tf.constant(fill, dtype)), trainable=False)
         self.bias = kept([max_batch, hp.n_vocab], tf.float32)
@@ -234,7 +234,8 @@ class Slots:
 
     def _prefill(self, tokens, where, targets=None, *, window):
         logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window,
-                                        slot=where[:1], layouts=self.layouts, head=self.head, every_position=targets is not None)
+                                        slot=where[:1], layouts=self.layouts, head=self.head,
+                                        every_position=targets is not None)
         self._store(cache)
         if targets is not None:  # with each target's rank (1: the most likely), as vLLM's prompt_logprobs
             chosen, top = per_token.log_probabilities(logits[0], targets)

@@ -30,8 +30,9 @@ ERROR = -2  # a sink's `finish` where the step failed
 PER_SLOT = ("top_k", "length", "logprobs", "biased", "stop_at_eot", "min_tokens", "include_stop")  # a request's ints
 
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
-LONE_STEPS = 4  # tokens per decode call for a sequence alone while nothing waits: the host's cost of a call
-# (a few ms) spread over them; a request that comes meanwhile waits for at most that call
+# tokens per decode call for a sequence alone while nothing waits: the host's cost of a call (a few
+# ms) spread over them; a request that comes meanwhile waits for at most that call
+LONE_STEPS = 4
 
 
 class QueueFull(Exception):
@@ -79,9 +80,9 @@ class Scheduler:
     of its own until `close`. At most `max_queue` sequences wait for a slot (`submit` raises
     QueueFull past that). `chunk`: the longest prefill chunk; `steps`: the most tokens a decode
     call makes while no prompt is waiting to be prefilled (more amortize the host's work per
-    call, fewer let new requests in sooner), at least LONE_STEPS for a sequence alone; `prefix_blocks`: the blocks of the prefix cache's
-    pool (0: no prefix cache); `vocabulary` (a `decoding.stops.Vocabulary`): the token bytes that
-    stop strings are matched on."""
+    call, fewer let new requests in sooner), at least LONE_STEPS for a sequence alone;
+    `prefix_blocks`: the blocks of the prefix cache's pool (0: no prefix cache); `vocabulary` (a
+    `decoding.stops.Vocabulary`): the token bytes that stop strings are matched on."""
 
     def __init__(self, model, *, max_batch, max_queue, chunk=64, steps=1, eot, prefix_blocks=0, vocabulary=None):
         self.n_ctx, self.n_vocab, self.eot = model.hparams.n_ctx, model.hparams.n_vocab, eot
