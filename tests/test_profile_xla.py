@@ -64,3 +64,35 @@ def test_profile_of_generation(tiny_dir, tmp_path):
 def test_profile_of_training(tiny_dir, tmp_path):
     data = profile(tmp_path, tiny_dir, "train", "--batch", "2", "--length", "16", "--steps", "2")
     assert data["settings"]["mode"] == "train" and "2 Adam steps on 2 x 16 tokens" in data["notes"][0]
+
+
+@pytest.mark.slow
+def test_profile_of_a_server_decode_call(tiny_dir, tmp_path):
+    data = profile(tmp_path, tiny_dir, "serve", "--batch", "2", "--max_batch", "4", "--window", "64",
+                   "--steps", "2", "--dtype", "bfloat16")
+    settings, groups = data["settings"], {g["group"]: g["ms"] for g in rows(data, 0)}
+    assert (settings["dtype"], settings["window"], settings["max_batch"]) == ("bfloat16", 64, 4)
+    assert "2 decode calls of 2 of 4 slots over 64 positions" in data["notes"][0]
+    # the slots' programs name their products as the model does: each group a step has is found
+    assert groups["block weights"] > 0 and groups["attention"] > 0 and groups["output layer"] > 0
+    assert groups["optimizer"] == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--batch", "5", "--max_batch", "4"], "--batch 5 must be 1 to --max_batch 4"),
+    (["train", "--dtype", "bfloat16"], "train profiles float32 weights"),
+])
+def test_bad_arguments_are_refused_by_name(argv, message, capsys):
+    from tools.profile_xla import main
+    with pytest.raises(SystemExit) as exit:
+        main(["--model_dir", "nowhere", *argv])
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_window_not_of_whole_blocks_is_refused(tiny_dir):
+    import argparse
+    from tfgpt2 import load_model
+    from tools.profile_xla import serve_run
+    args = argparse.Namespace(batch=1, max_batch=1, window=40, steps=1)
+    with pytest.raises(SystemExit, match="--window 40: a step's window is whole blocks .* at most n_ctx=64"):
+        serve_run(load_model(tiny_dir), args)

@@ -4,15 +4,21 @@ TensorFlow's profiler, summed by what the operation does.
 
     python tools/profile_xla.py --model_dir models/124M generate --batch 8 --length 160
     python tools/profile_xla.py --model_dir models/124M train --batch 4 --length 128
+    python tools/profile_xla.py --model_dir models/124M serve --batch 16 --window 256 --dtype bfloat16
 
 `generate` profiles one `generate` call of `--length` new tokens after a 1-token prompt, per
-generated token; `train` profiles `--steps` Adam steps of `tfgpt2.train.Trainer`, per step
-(each after a warm-up call that compiles). XLA runs the operations of a program one after
-another, each spread over the cores inside, except where independent ones overlap, so their
-times add up to about the wall time. Each operation is put in a group by the TensorFlow
-op it came from (its name in XLA's optimized HLO, written with `--xla_dump_to`): the block
-weights' products, attention's products, the output layer's products (with `wte`), the
-optimizer's update, and the rest (norms, GELU, softmax, sampling, cache writes). The report
+generated token; `train` profiles `--steps` Adam steps of `tfgpt2.train.Trainer`, per step;
+`serve` profiles `--steps` decode calls of the server's slots (`tfgpt2.decoding.slots`, as
+`tfgpt2 serve --max_batch M` holds them), each one token for the first `--batch` slots over
+the first `--window` positions of their cache, per call (each after a warm-up call that
+compiles). `--dtype` is the weights' (as `tfgpt2 generate --dtype`).
+
+XLA runs the operations of a program one after another, each spread over the cores inside,
+except where independent ones overlap, so their times add up to about the wall time. Each
+operation is put in a group by the TensorFlow op it came from (its name in XLA's optimized
+HLO, written with `--xla_dump_to`): the block weights' products, attention's products, the
+output layer's products (with `wte`), the optimizer's update, and the rest (norms, GELU,
+softmax, sampling, cache writes). The report
 (tools/report.py: the groups, and the longest operations) goes to `--report DIR` as
 `--name`.json and .md (default profile-<mode>).
 """
@@ -118,6 +124,31 @@ def generate_run(model, args):
     return lambda: generate(model, prompts, args.length, seed=0), args.length
 
 
+def serve_run(model, args):
+    """`--steps` decode calls of `--batch` rows, as the server's step over that many sequences
+    (a sampled token each, temperature 1) at the window's last position."""
+    import numpy as np
+    from tfgpt2.decoding.slots import FLOATS, INTS, Slots
+    from tfgpt2.serve.scheduler import window
+    hp = model.hparams
+    if args.window != window(args.window, hp.n_ctx):
+        raise SystemExit(f"--window {args.window}: a step's window is whole blocks of the cache (64, 128, ...), "
+                         f"at most n_ctx={hp.n_ctx}")
+    slots = Slots(model, max_batch=args.max_batch, chunk=min(64, hp.n_ctx), steps=1, eot=hp.n_vocab - 1)
+    ints = {name: np.zeros(args.batch, np.int32) for name in INTS}
+    ints.update(token=np.ones(args.batch, np.int32), position=np.full(args.batch, args.window - 1, np.int32),
+                budget=np.ones(args.batch, np.int32), length=np.full(args.batch, hp.n_ctx, np.int32))
+    floats = {name: np.zeros(args.batch, np.float32) for name in FLOATS}
+    floats.update(temperature=np.ones(args.batch, np.float32), top_p=np.ones(args.batch, np.float32))
+    ints, floats = np.stack([ints[n] for n in INTS]), np.stack([floats[n] for n in FLOATS])
+    seed = np.arange(args.batch, dtype=np.int64)
+
+    def run():
+        for _ in range(args.steps):
+            slots.decode(ints, floats, seed, args.window)
+    return run, args.steps
+
+
 def train_run(model, args):
     import numpy as np
     import tensorflow as tf
@@ -159,12 +190,19 @@ def summary(wall, times, groups, top=12):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", default="models/124M")
-    p.add_argument("mode", choices=("generate", "train"))
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("mode", choices=("generate", "train", "serve"))
+    p.add_argument("--batch", type=int, default=1, help="rows (serve: the slots a decode call runs)")
     p.add_argument("--length", type=int, default=160, help="new tokens (generate) or predicted tokens per row (train)")
-    p.add_argument("--steps", type=int, default=3, help="train: steps profiled")
+    p.add_argument("--steps", type=int, default=3, help="train: steps profiled; serve: decode calls profiled")
+    p.add_argument("--dtype", default="float32", help="generate, serve: the weights' (float32, bfloat16, int8)")
+    p.add_argument("--max_batch", type=int, default=16, help="serve: the slots held (tfgpt2 serve --max_batch)")
+    p.add_argument("--window", type=int, default=256, help="serve: the cache positions a decode call reads")
     report.add_arguments(p, "profile-<mode>")
     args = p.parse_args(argv)
+    if args.mode == "train" and args.dtype != "float32":
+        p.error("train profiles float32 weights (--dtype float32)")
+    if args.mode == "serve" and not 0 < args.batch <= args.max_batch:
+        p.error(f"--batch {args.batch} must be 1 to --max_batch {args.max_batch}")
     args.name = args.name.replace("<mode>", args.mode)
     dump_dir = tempfile.mkdtemp(prefix="profile_xla_")
     try:
@@ -172,13 +210,18 @@ def main(argv=None):
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
     facts, group_rows, op_rows = summary(wall, times, groups)
-    unit = "generated token (the whole batch's step)" if args.mode == "generate" else "training step"
-    what = (f"generating {args.length} tokens at batch {args.batch}" if args.mode == "generate" else
-            f"{args.steps} Adam steps on {args.batch} x {args.length} tokens")
-    notes = [f"One profiled call ({what}) after a warm-up one; ms per {unit}. Wall {facts['wall_ms']:.1f} ms; "
+    unit = {"generate": "generated token (the whole batch's step)", "train": "training step",
+            "serve": "decode call (a token for each row)"}[args.mode]
+    what = {"generate": f"generating {args.length} tokens at batch {args.batch}",
+            "train": f"{args.steps} Adam steps on {args.batch} x {args.length} tokens",
+            "serve": f"{args.steps} decode calls of {args.batch} of {args.max_batch} slots over {args.window} "
+                     f"positions"}[args.mode]
+    notes = [f"One profiled run ({what}) after a warm-up one; ms per {unit}. Wall {facts['wall_ms']:.1f} ms; "
              f"XLA operations {facts['operations_ms']:.1f} ms, of which {facts['unmatched_ms']:.1f} ms not "
              f"found in the HLO dump (counted as other)."]
-    settings = {k: getattr(args, k) for k in ("model_dir", "mode", "batch", "length", "steps")}
+    keys = {"generate": ("length", "dtype"), "train": ("length", "steps"),
+            "serve": ("steps", "dtype", "max_batch", "window")}[args.mode]
+    settings = {k: getattr(args, k) for k in ("model_dir", "mode", "batch") + keys}
     settings.update(facts)
     report.publish(args, f"Where the time goes: {args.mode}", [report.table(GROUP_COLUMNS, group_rows, "By group"),
                    report.table(OP_COLUMNS, op_rows, "Longest operations")], tool=__file__, argv=argv,
@@ -191,8 +234,8 @@ def run_profile(args, dump_dir):
     os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_xprof_traceme=true",
                                                       f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text")))
     from tfgpt2 import load_model
-    model = load_model(args.model_dir)
-    run, units = (generate_run if args.mode == "generate" else train_run)(model, args)
+    model = load_model(args.model_dir, dtype=None if args.dtype == "float32" else args.dtype)
+    run, units = {"generate": generate_run, "train": train_run, "serve": serve_run}[args.mode](model, args)
     wall, times = profiled(run, units)
     return wall, times, hlo_groups(dump_dir)
 
