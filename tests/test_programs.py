@@ -48,13 +48,15 @@ def test_a_step_runs_its_own_program_a_stand_in_or_compiles_where_none_holds_it(
 
 
 def test_the_background_compiles_at_the_lowest_cpu_priority():
-    """The background thread's compile runs at nice 19 (Linux), the engine's thread as it was."""
+    """The background thread's compile runs under SCHED_IDLE at nice 19 (Linux), the engine's
+    thread as it was."""
     if not sys.platform.startswith("linux"):
         pytest.skip("a thread has its own CPU priority on Linux only")
     variable, niceness = tf.Variable(tf.zeros([8])), {}
 
     def build(name, static):
-        niceness[threading.get_native_id() == engine] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        thread = threading.get_native_id()
+        niceness[thread == engine] = os.getpriority(os.PRIO_PROCESS, thread), os.sched_getscheduler(thread)
         return adds(variable)(name, static)
 
     engine = threading.get_native_id()
@@ -62,7 +64,8 @@ def test_the_background_compiles_at_the_lowest_cpu_priority():
     programs.warm([key(4, 2)])
     programs.ready(key(2, 1))
     assert programs.idle(timeout=120) and programs.count("background") == 1
-    assert niceness == {True: os.getpriority(os.PRIO_PROCESS, 0), False: 19}
+    assert niceness == {True: (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)),
+                        False: (19, os.SCHED_IDLE)}
 
 
 def test_a_stand_in_holds_a_steps_shapes_and_values():

@@ -5,7 +5,7 @@ and its Python values) and compiled at its first call. A few wide ones are compi
 server answers (`warm`), so that every step has one ready: a step whose own program is not
 compiled yet runs the narrowest compiled one that holds it (`stand_in`: the same name, at least
 its step width, prefill chunk, attention window and stop shapes), while a thread compiles its
-own (`background`, at the lowest CPU priority, so that the steps keep the cores: `yield_cpu`);
+own (`background`, only on a CPU the steps leave idle: `yield_cpu`);
 once that is done, the step runs its own. A compile off the engine thread
 runs the program once on copies of the variables of the slots (`shadows`): it never touches
 what the engine runs on, and XLA keeps the compiled program for the real calls.
@@ -142,11 +142,17 @@ class Programs:
 
 
 def yield_cpu():
-    """Gives the calling thread the lowest CPU priority (nice 19) where a thread has its own
-    (Linux): XLA compiles on the thread that first calls a program, and at nice 19 it takes
-    only the CPU time the engine's steps leave."""
+    """Runs the calling thread only on a CPU nothing else wants (Linux's SCHED_IDLE, per
+    thread; nice 19 where that is refused): XLA compiles on the thread that first calls a
+    program, and a step's thread that wakes takes the core from it at once (at nice 19 alone,
+    the compile still held the core for a while as the steps' threads woke, and slowed them)."""
     if sys.platform.startswith("linux"):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, 19)
+        try:
+            os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
 
 
 def holds(big, small):
