@@ -165,6 +165,14 @@ def train_run(model, args):
     return run, args.steps
 
 
+MODES = {  # mode: (its run, the unit timed, what the profiled run does, its settings in the report)
+    "generate": (generate_run, "generated token (the whole batch's step)",
+                 "generating {length} tokens at batch {batch}", ("length", "dtype")),
+    "train": (train_run, "training step", "{steps} Adam steps on {batch} x {length} tokens", ("length", "steps")),
+    "serve": (serve_run, "decode call (a token for each row)",
+              "{steps} decode calls of {batch} of {max_batch} slots over {window} positions",
+              ("steps", "dtype", "max_batch", "window")),
+}
 GROUP_COLUMNS = [report.column("group", "group"), report.column("ms", "ms", ".3f"),
                  report.column("share", "share", ".0%")]
 OP_COLUMNS = [report.column("operation", "operation"), report.column("group", "group"),
@@ -190,7 +198,7 @@ def summary(wall, times, groups, top=12):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", default="models/124M")
-    p.add_argument("mode", choices=("generate", "train", "serve"))
+    p.add_argument("mode", choices=list(MODES))
     p.add_argument("--batch", type=int, default=1, help="rows (serve: the slots a decode call runs)")
     p.add_argument("--length", type=int, default=160, help="new tokens (generate) or predicted tokens per row (train)")
     p.add_argument("--steps", type=int, default=3, help="train: steps profiled; serve: decode calls profiled")
@@ -210,17 +218,11 @@ def main(argv=None):
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
     facts, group_rows, op_rows = summary(wall, times, groups)
-    unit = {"generate": "generated token (the whole batch's step)", "train": "training step",
-            "serve": "decode call (a token for each row)"}[args.mode]
-    what = {"generate": f"generating {args.length} tokens at batch {args.batch}",
-            "train": f"{args.steps} Adam steps on {args.batch} x {args.length} tokens",
-            "serve": f"{args.steps} decode calls of {args.batch} of {args.max_batch} slots over {args.window} "
-                     f"positions"}[args.mode]
+    _, unit, what, keys = MODES[args.mode]
+    what = what.format(**vars(args))
     notes = [f"One profiled run ({what}) after a warm-up one; ms per {unit}. Wall {facts['wall_ms']:.1f} ms; "
              f"XLA operations {facts['operations_ms']:.1f} ms, of which {facts['unmatched_ms']:.1f} ms not "
              f"found in the HLO dump (counted as other)."]
-    keys = {"generate": ("length", "dtype"), "train": ("length", "steps"),
-            "serve": ("steps", "dtype", "max_batch", "window")}[args.mode]
     settings = {k: getattr(args, k) for k in ("model_dir", "mode", "batch") + keys}
     settings.update(facts)
     report.publish(args, f"Where the time goes: {args.mode}", [report.table(GROUP_COLUMNS, group_rows, "By group"),
@@ -234,8 +236,8 @@ def run_profile(args, dump_dir):
     os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_xprof_traceme=true",
                                                       f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text")))
     from tfgpt2 import load_model
-    model = load_model(args.model_dir, dtype=None if args.dtype == "float32" else args.dtype)
-    run, units = {"generate": generate_run, "train": train_run, "serve": serve_run}[args.mode](model, args)
+    model = load_model(args.model_dir, dtype=args.dtype)
+    run, units = MODES[args.mode][0](model, args)
     wall, times = profiled(run, units)
     return wall, times, hlo_groups(dump_dir)
 

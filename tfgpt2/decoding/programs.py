@@ -5,10 +5,10 @@ and its Python values) and compiled at its first call. A few wide ones are compi
 server answers (`warm`), so that every step has one ready: a step whose own program is not
 compiled yet runs the narrowest compiled one that holds it (`stand_in`: the same name, at least
 its step width, prefill chunk, attention window and stop shapes), while a thread compiles its
-own (`background`, only on a CPU the steps leave idle: `yield_cpu`);
-once that is done, the step runs its own. A compile off the engine thread
-runs the program once on copies of the variables of the slots (`shadows`): it never touches
-what the engine runs on, and XLA keeps the compiled program for the real calls.
+own (`background`, only on a CPU the steps leave idle: `yield_cpu`); once that is done, the
+step runs its own. A compile off the engine thread runs the program once on copies of the
+variables of the slots (`shadows`): it never touches what the engine runs on, and XLA keeps
+the compiled program for the real calls.
 
 Each compile is counted by where it ran (`compiled`): "warmup", "background", or "request"
 (on the engine thread, a step waiting on it: where nothing compiled can stand in).
