@@ -157,11 +157,11 @@ def gpu_visible():
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-# The files that take longest, most first, by the CPU time of a full run (their own and their
-# child processes'). Out of date, it costs time only.
-HEAVIEST = ["test_train.py", "test_sample.py", "test_export.py", "test_distribute.py", "test_doors.py",
-            "test_low_precision_doors.py",
-            "test_generate_batch.py", "test_package.py", "test_precision.py", "test_benchmarks.py", "test_model.py"]
+# The files that take longest, most first, by their tests' time in a full run (`--durations=0`,
+# setup and call summed per file). Out of date, it costs time only.
+HEAVIEST = ["test_serve.py", "test_train.py", "test_sample.py", "test_export.py", "test_benchmarks.py",
+            "test_package.py", "test_doors.py", "test_generate_batch.py", "test_distribute.py", "test_model.py",
+            "test_low_precision_doors.py", "test_precision.py", "test_beam.py"]
 
 
 @pytest.fixture(scope="session")
