@@ -234,10 +234,12 @@ def greedy(model, length, **controls):
 
 def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     """The scheduler alone (no server): one sequence decodes one slot wide, whatever
-    --max_batch; three at once (slots 0 to 2), four, and as the first two end the third moves
+    --max_batch; three at once (their prompts read by one prefill call, of four rows: the
+    fourth writes nowhere) run four slots wide, and as the first two end the third moves
     down to slot 0 (its cache, penalties' counts and bias with it), so two, then one; each
     sequence's tokens are `generate`'s for its prompt alone, at every width. A sequence decoding
-    alone makes up to LONE_STEPS tokens a call, several at once one each (--decode_steps 1)."""
+    alone makes its first token in a call of its own, then up to LONE_STEPS a call; several at
+    once make one each (--decode_steps 1)."""
     from tfgpt2.decoding.slots import INTS
     from tfgpt2.sample import generate
     from tfgpt2.serve.scheduler import LONE_STEPS, Scheduler, Sequence, width
@@ -256,6 +258,8 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     budgets, decode = [], scheduler.slots.decode  # each call's budgets of the rows that make tokens
     scheduler.slots.decode = lambda ints, *args: budgets.append(
         sorted(b for b in ints[INTS.index("budget")] if b)) or decode(ints, *args)
+    prefills, prefill = [], scheduler.slots.prefill  # each call's rows
+    scheduler.slots.prefill = lambda tokens, *args: prefills.append(len(tokens)) or prefill(tokens, *args)
 
     def run(prompts, new):
         ended = [concurrent.futures.Future() for _ in prompts]
@@ -273,12 +277,13 @@ def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
     try:
         assert run(prompts[:1], [NEW])[0] == {1} and not moves
-        assert budgets == [[min(LONE_STEPS, NEW - k)] for k in range(0, NEW, LONE_STEPS)]
+        # its first token streamed at once, by a call of its own; then LONE_STEPS a call
+        assert budgets == [[1]] + [[min(LONE_STEPS, NEW - k)] for k in range(1, NEW, LONE_STEPS)]
         budgets.clear()
-        # the first ready alone, then two while the third is prefilled (a chunk a step), then 4, not 8;
-        # the third makes the most tokens, and ends in slot 0
+        # the three prompts' first chunks read at once (the third's second alone), then 4 wide, not 8;
+        # the third makes the most tokens, and ends in slot 0 (2 wide while the second runs on, then 1)
         widths, sequences = run(prompts, [NEW // 3, NEW // 2, 2 * NEW])
-        assert widths == {1, 2, 4} and moves == [2] and sequences[2].slot == 0
+        assert len(prompts[2]) - 1 > 16 and prefills == [1, 3, 1] and widths == {1, 2, 4} and moves == [2] and sequences[2].slot == 0
         assert all(b == [1] * len(b) for b in budgets if len(b) > 1) and [LONE_STEPS] in budgets
     finally:
         scheduler.close()
@@ -311,7 +316,8 @@ def test_a_warmed_scheduler_compiles_nothing_on_a_step_and_its_stand_ins_make_ge
                  for i, (p, c, f) in enumerate(zip(prompts, controls, done))]
     assert scheduler.warm_up() > 0
     programs = scheduler.slots.programs
-    assert programs.count("warmup") == len(programs) == 7  # decode at 1 and 2 rows (+ stops), 2 prefills, admit, move
+    # decode at 1 and 2 rows (+ stops), prefills of 1 (scored and not) and 2 prompts, admit, move
+    assert programs.count("warmup") == len(programs) == 8
     engine = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.run)
     try:
         scheduler.submit(sequences[:1])
@@ -355,7 +361,7 @@ def test_the_warm_up_prefills_a_first_chunk_over_its_own_blocks(long_model):
     assert windows == [64, 128, 128] and programs.count("warmup") == len(programs)
     # a decode step over the whole context (and with every stop) and over its first quarter
     assert sorted(dict(key[2])["window"] for key in programs if key[0] == "decode") == [64, 128, 128]
-    key, _ = scheduler.slots.program("prefill", tf.TensorSpec([1, 16], tf.int32), tf.TensorSpec([2], tf.int32),
+    key, _ = scheduler.slots.program("prefill", tf.TensorSpec([1, 16], tf.int32), tf.TensorSpec([2, 1], tf.int32),
                                      window=64)
     assert dict(key[2])["window"] == 64 and key[1][0][0] == (1, 32)
     scheduler.close()
@@ -423,8 +429,8 @@ def test_a_prompt_read_from_the_prefix_cache_continues_as_without_it(long_model)
         scheduler = Scheduler(long_model, max_batch=1, max_queue=1, chunk=64, eot=ENCODER.eot_token,
                               prefix_blocks=blocks)
         starts, prefill, save, events = [], scheduler.slots.prefill, scheduler.slots.save, []
-        scheduler.slots.prefill = lambda tokens, slot, start, *rest: starts.append(start) or prefill(
-            tokens, slot, start, *rest)
+        scheduler.slots.prefill = lambda tokens, slots, start, *rest: starts.extend(start) or prefill(
+            tokens, slots, start, *rest)
         scheduler.slots.save = lambda slot, places: events.append("save") or save(slot, places)
         ended = [concurrent.futures.Future() for _ in prompts]
         heard = [[] for _ in prompts]

@@ -11,7 +11,8 @@ background, `warm`):
 
 - `admit(slot, prompt, request)`: a sequence takes a slot: its bias row, zero counts, for the
   repetition penalty the tokens of its prompt (`controls.start_state`), and its stops;
-- `prefill(tokens, slot, start, window)`: a chunk of a prompt into the slot's cache;
+- `prefill(tokens, slots, starts, window)`: a chunk of each of a few prompts (at most
+  PREFILL_ROWS, one call reading the weights once for them all) into their slots' caches;
 - `move(source, target)`: a sequence's cache and request from one slot to another (the host
   moves sequences down into free slots, so that steps stay narrow);
 - `decode(ints, floats, seed, window, stops)`: up to `steps` new tokens for each of the first B
@@ -44,6 +45,7 @@ INTS = ("token", "position", "budget", "count", "length", "top_k", "logprobs", "
         "min_tokens", "include_stop")  # `decode`'s int32 rows
 FLOATS = ("temperature", "top_p", "min_p", *control.PENALTIES)  # its float32 rows
 IDLE = -1  # `finish` of a row that makes no token in a call (no budget, or its budget spent)
+PREFILL_ROWS = 4  # the most prompts whose chunks one `prefill` call reads
 
 
 class Slots:
@@ -60,6 +62,7 @@ class Slots:
         quiet_retracing()  # a trace per shape bucket, by design
         hp = model.hparams
         self.model, self.max_batch, self.chunk, self.steps, self.eot = model, max_batch, chunk, steps, eot
+        self.prefill_rows = min(PREFILL_ROWS, max_batch)
         if vocabulary is not None:
             self.vocabulary_bytes, self.vocabulary_lengths = (tf.Variable(a, trainable=False) for a in (
                 vocabulary.bytes, vocabulary.lengths))
@@ -102,7 +105,8 @@ class Slots:
         sequence alone a fifth more time on 124M, and outweigh the weights at many rows); at the
         widest, one with the slots' whole stop shapes; a prefill of the longest chunk over the
         whole context (scored and not), and over its own first blocks (a prompt's first chunk:
-        most prompts' only one); `admit` and `move`."""
+        most prompts' only one), each of one prompt and (not scored) of `prefill_rows`; `admit`
+        and `move`."""
         n_ctx = self.model.hparams.n_ctx
         quarter = min(blocks_for(n_ctx // 4) * BLOCK, n_ctx)
         first = min(blocks_for(self.chunk) * BLOCK, n_ctx)
@@ -112,8 +116,11 @@ class Slots:
         decode = [key_of("decode", specs, dict(window=window, stops=(None, None))) for w, specs in zip(widths, rows)
                   for window in dict.fromkeys([n_ctx, quarter])]
         tokens = np.zeros(self.chunk, np.int32)
-        prefill = [key_of("prefill", specs_of(tokens[None], tokens[:2], *[tokens] * score), dict(window=window))
-                   for window, score in dict.fromkeys([(n_ctx, False), (n_ctx, True), (first, False)])]
+        prefill = [key_of("prefill", specs_of(np.zeros([k, self.chunk], np.int32), np.zeros([2, k], np.int32),
+                                              *[tokens] * score), dict(window=window))
+                   for k, window, score in dict.fromkeys([(1, n_ctx, False), (1, n_ctx, True), (1, first, False),
+                                                          (self.prefill_rows, n_ctx, False),
+                                                          (self.prefill_rows, first, False)])]
         admit = key_of("admit", specs_of(*self._admit_args(0, [0], Request(length=1))), {})
         self.programs.warm(decode + [key_of("decode", rows[-1], dict(window=n_ctx, stops=whole))] + prefill
                            + [admit, key_of("move", specs_of(tokens[:2]), {})])
@@ -183,19 +190,23 @@ class Slots:
                 else:
                     pool.scatter_nd_update(pooled_rows[:, None], blocks[j].sparse_read(rows))
 
-    def prefill(self, tokens, slot, start, window, targets=None):
-        """tokens [C] (numpy) into slot `slot` at positions start, start + 1, ... (attending
-        over its first `window` positions). With `targets` [C], the token after each, returns
-        how likely each was (`step.log_probabilities`: [C], [C, N], [C, N], numpy), for the
-        log-probabilities of a prompt, and each target's rank ([C]). A stand-in of a longer
-        chunk reads the tokens padded with zeros (their positions are written over before they
-        are read, as a chunk's own padding is)."""
-        score, size = targets is not None, len(tokens)
-        specs = ([tf.TensorSpec([1, size], tf.int32), tf.TensorSpec([2], tf.int32)]
-                 + [tf.TensorSpec([size], tf.int32)] * score)
+    def prefill(self, tokens, slots, starts, window, targets=None):
+        """tokens [k, C] (numpy, k <= prefill_rows): row r into slot slots[r] at positions
+        starts[r], starts[r] + 1, ... (attending over the slot's first `window` positions), all
+        in one call (a program per power of two of k: the rows past k write nowhere). With
+        `targets` [C] (k = 1), the token after each, returns how likely each was
+        (`step.log_probabilities`: [C], [C, N], [C, N], numpy), for the log-probabilities of a
+        prompt, and each target's rank ([C]). A stand-in of a longer chunk reads the tokens
+        padded with zeros (their positions are written over before they are read, as a chunk's
+        own padding is)."""
+        score, (rows, size) = targets is not None, np.shape(tokens)
+        k = _power_of_two(rows)
+        specs = [tf.TensorSpec([k, size], tf.int32), tf.TensorSpec([2, k], tf.int32)] + [tf.TensorSpec([size], tf.int32)] * score
         key, run = self.program("prefill", *specs, window=window)
-        longer = key[1][0][0][1]
-        args = [padded(tokens, longer)[None], [slot, start]] + ([padded(targets, longer)] if score else [])
+        wide, longer = key[1][0][0]
+        more = wide - rows  # rows that write past every block (XLA drops such updates)
+        where = [list(slots) + [0] * more, list(starts) + [self.length] * more]
+        args = [np.pad(padded(tokens, longer), [(0, more), (0, 0)]), where] + ([padded(targets, longer)] if score else [])
         out = run(*(tf.constant(a, tf.int32) for a in args))
         return (out[0].numpy()[:size], out[1][0].numpy()[:size], out[1][1].numpy()[:size],
                 out[2].numpy()[:size]) if score else None
@@ -233,8 +244,8 @@ class Slots:
             variable.scatter_nd_update(slots[1:, None], tf.gather(variable, slots[:1]))
 
     def _prefill(self, tokens, where, targets=None, *, window):
-        logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1:], window=window,
-                                        slot=where[:1], layouts=self.layouts, head=self.head,
+        logits, cache = call_with_slots(self.model, tokens, self._read(window), where[1], window=window,
+                                        slot=where[0], layouts=self.layouts, head=self.head,
                                         every_position=targets is not None)
         self._store(cache)
         if targets is not None:  # with each target's rank (1: the most likely), as vLLM's prompt_logprobs

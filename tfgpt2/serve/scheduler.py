@@ -1,6 +1,7 @@
 """Continuous batching: sequences wait in a queue, take a free slot of `decoding.slots.Slots`,
-are prefilled a chunk at a time (one chunk between decode steps, so running streams keep
-flowing), then join the running batch at the next step; each leaves where the per-token step
+are prefilled a chunk at a time (one call between decode steps reads a chunk of each of the
+first few waiting prompts, so running streams keep flowing and a burst of prompts is read in
+a few calls), then join the running batch at the next step; each leaves where the per-token step
 ends it (its length, end-of-text, a stop string or stop token sequence: `decoding.step`) or on a
 cancel, and its slot is reused at once.
 A decode step runs the slots up to the highest in use (`width`), not all `max_batch`; where
@@ -176,18 +177,26 @@ class Scheduler:
                 self._fail()
 
     def step(self):
-        """One chunk of the first prompt still to prefill, then one decode call for the
-        sequences that are ready."""
+        """One prefill call for the first prompts still to prefill (`_chunks`), then one decode
+        call for the sequences that are ready."""
         prefilling = sorted((s for s in self.running if s is not None and s.prefilling), key=lambda s: s.submitted)
         if prefilling:
-            self._prefill(prefilling[0])
+            self._prefill(self._chunks(prefilling))
         self._scored()
-        decoding = sum(1 for s in self.running if s is not None and not s.prefilling)
-        if decoding:
-            more = self.waiting or any(s is not None and s.prefilling for s in self.running)
-            self._decode(1 if more else self.steps if decoding > 1 else self.slots.steps)
+        ready = [s for s in self.running if s is not None and not s.prefilling]
+        if ready:
+            self._decode(ready, self._steps(ready))
         self._keep()
         self._compact()
+
+    def _steps(self, ready):
+        """The most tokens the decode call of the `ready` sequences makes: one while a prompt
+        waits to be prefilled (read between calls) or a sequence is yet to make its first token
+        (streamed at once); else `steps`, at least LONE_STEPS for a sequence alone."""
+        if self.waiting or any(s is not None and s.prefilling for s in self.running) or any(
+                not s.since_context for s in ready):
+            return 1
+        return self.steps if len(ready) > 1 else self.slots.steps
 
     def _keep(self):
         """The whole blocks of the prompts whose prefill ended this step, into the prefix
@@ -239,23 +248,37 @@ class Scheduler:
                 self.slots.load(slot, pool)
             sequence.cached, sequence.prefilled = len(pool), len(pool) * BLOCK
 
-    def _prefill(self, sequence):
-        """The next chunk of the sequence's context (its last token is fed by `_decode`)."""
-        start, end = sequence.prefilled, len(sequence.context) - 1
-        size = min(self.chunk, bucket(end - start, minimum=MIN_CHUNK))
-        piece = sequence.context[start:min(end, start + size)]
-        tokens = np.zeros(size, np.int32)
-        tokens[:len(piece)] = piece
+    def _chunks(self, prefilling):
+        """The sequences (of `prefilling`, the first submitted first) whose next chunks one
+        prefill call reads: the first, and up to `prefill_rows` in all; a prompt to score alone
+        (another program)."""
+        if _scoring(prefilling[0]):
+            return prefilling[:1]
+        return [s for s in prefilling if not _scoring(s)][:self.slots.prefill_rows]
+
+    def _prefill(self, sequences):
+        """The next chunk of each sequence's context, in one call (the context's last token is
+        fed by `_decode`): what is left, up to `chunk` tokens, as a sequence alone reads it;
+        each padded to the longest one's length bucket."""
+        pieces = [s.context[s.prefilled:min(len(s.context) - 1, s.prefilled + self.chunk)] for s in sequences]
+        size = max(min(self.chunk, bucket(len(piece), minimum=MIN_CHUNK)) for piece in pieces)
+        tokens = np.zeros([len(sequences), size], np.int32)
+        for row, piece in zip(tokens, pieces):
+            row[:len(piece)] = piece
+        first, piece = sequences[0], pieces[0]
         targets = None
-        if sequence.score_prompt and sequence.context is sequence.prompt:  # the next token of each
+        if _scoring(first):  # the next token of each
             targets = np.zeros(size, np.int32)
-            targets[:len(piece)] = sequence.context[start + 1:start + len(piece) + 1]
-        out = self.slots.prefill(tokens, sequence.slot, start, window(start + len(piece), self.n_ctx), targets)
+            targets[:len(piece)] = first.context[first.prefilled + 1:first.prefilled + len(piece) + 1]
+        out = self.slots.prefill(tokens, [s.slot for s in sequences], [s.prefilled for s in sequences],
+                                 max(window(s.prefilled + len(p), self.n_ctx) for s, p in zip(sequences, pieces)),
+                                 targets)
         if targets is not None:
-            sequence.prompt_logprobs += [tuple(values[j] for values in out) for j in range(len(piece))]
-        sequence.prefilled = start + len(piece)
-        if self._cacheable(sequence) and not sequence.prefilling:  # its whole blocks go to the pool (`_keep`)
-            self.unkept.append(sequence)
+            first.prompt_logprobs += [tuple(values[j] for values in out) for j in range(len(piece))]
+        for sequence, piece in zip(sequences, pieces):
+            sequence.prefilled += len(piece)
+            if self._cacheable(sequence) and not sequence.prefilling:  # its whole blocks go to the pool (`_keep`)
+                self.unkept.append(sequence)
 
     def _cacheable(self, sequence):
         """Whether the prefix cache serves the sequence: its cache holds its prompt from the
@@ -270,9 +293,8 @@ class Scheduler:
         per_chunk = max(1, self.chunk // BLOCK)
         return positions // (per_chunk * BLOCK) * per_chunk
 
-    def _decode(self, steps):
-        """Up to `steps` new tokens for each sequence that is ready, handed to its sink."""
-        ready = [s for s in self.running if s is not None and not s.prefilling]
+    def _decode(self, ready, steps):
+        """Up to `steps` new tokens for each of the `ready` sequences, handed to its sink."""
         rows = width(max(s.slot for s in ready) + 1, self.max_batch)  # the slots the step runs
         ints = dict(zip(INTS, np.zeros([len(INTS), rows], np.int32)), **dict(zip(PER_SLOT, self.ints[:, :rows])))
         stops = (None, None)
@@ -323,6 +345,11 @@ class Scheduler:
             self.running = [None] * self.max_batch
         for sequence in failed:
             sequence.sink([], None, ERROR, 0)
+
+
+def _scoring(sequence):
+    """Whether the sequence's prefill scores its prompt (its next chunk is of the prompt)."""
+    return sequence.score_prompt and sequence.context is sequence.prompt
 
 
 def window(positions, n_ctx):
