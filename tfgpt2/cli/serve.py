@@ -37,8 +37,8 @@ def main(argv=None, prog="tfgpt2 serve"):
     parser.add_argument("--max_queue", type=ranged(int, 0), default=256,
                         help="completions that may wait for a slot; past that a request gets 429 (default 256)")
     parser.add_argument("--prefill_chunk", type=ranged(int, 16), default=64, metavar="TOKENS",
-                        help="prompts are read this many tokens at a time, one chunk between decode steps "
-                             "(a power of two; default 64)")
+                        help="prompts are read this many tokens at a time, a chunk of each of up to 4 "
+                             "prompts between decode steps (a power of two; default 64)")
     parser.add_argument("--decode_steps", type=ranged(int, 1), default=1, metavar="STEPS",
                         help="tokens per decode call while no prompt waits: more cost the host less per "
                              "token (on a GPU, 8), fewer let new requests in sooner (default 1; a completion "
