@@ -201,12 +201,13 @@ class Slots:
         own padding is)."""
         score, (rows, size) = targets is not None, np.shape(tokens)
         k = _power_of_two(rows)
-        specs = [tf.TensorSpec([k, size], tf.int32), tf.TensorSpec([2, k], tf.int32)] + [tf.TensorSpec([size], tf.int32)] * score
-        key, run = self.program("prefill", *specs, window=window)
+        specs = [tf.TensorSpec([k, size], tf.int32), tf.TensorSpec([2, k], tf.int32)]
+        key, run = self.program("prefill", *specs + [tf.TensorSpec([size], tf.int32)] * score, window=window)
         wide, longer = key[1][0][0]
         more = wide - rows  # rows that write past every block (XLA drops such updates)
         where = [list(slots) + [0] * more, list(starts) + [self.length] * more]
-        args = [np.pad(padded(tokens, longer), [(0, more), (0, 0)]), where] + ([padded(targets, longer)] if score else [])
+        args = [np.pad(padded(tokens, longer), [(0, more), (0, 0)]), where]
+        args += [padded(targets, longer)] if score else []
         out = run(*(tf.constant(a, tf.int32) for a in args))
         return (out[0].numpy()[:size], out[1][0].numpy()[:size], out[1][1].numpy()[:size],
                 out[2].numpy()[:size]) if score else None
