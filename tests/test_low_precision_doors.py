@@ -6,8 +6,11 @@ int8 is exact to float32's rounding: the tokens are identical. bfloat16 rounds t
 significant bits (1/8 at 16-32), and XLA's programs keep float32 between fused operations where
 eager rounds after each, so the same step differs by about one such step of the logits:
 there a token may be another within `TOLERANCE` of the eager maximum (a near tie), never one
-further below it. Measured on this file's model and prompts: int8 log-probabilities within
-5e-6 of eager; bfloat16 within 0.11, tokens identical but for near ties of 0.125 or less.
+further below it. How far they part depends on the CPU's kernels (native BF16 products or
+float32 ones rounded). Measured on this file's model and prompts (logits 10-14, a bfloat16
+step 1/16): int8 log-probabilities within 5e-6 of eager; bfloat16 within 0.11 on an Intel Xeon
+with AVX-512 BF16 and 0.19 on an AMD EPYC with AVX2 alone, tokens identical but for near ties
+of 0.19 or less (3 steps of the logits).
 
 The commands and bulk generation load the module's model through `load_model` (patched: the
 test checks the --dtype each one asks for); the server's app and the SavedModel's `generate`
@@ -25,7 +28,7 @@ from tfgpt2.encoder import get_encoder
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 LENGTH = 12
 PROMPTS = ["The cat sat on", "Every effort moves you, and"]
-TOLERANCE = {"int8": 1e-4, "bfloat16": 0.16}  # log-probabilities and near ties, in nats and logits
+TOLERANCE = {"int8": 1e-4, "bfloat16": 0.25}  # log-probabilities and near ties, in nats and logits
 
 
 @pytest.fixture(scope="module", params=["bfloat16", "int8"])
