@@ -27,6 +27,8 @@ from tfgpt2.decoding.sampler import choose
 from tfgpt2.sample import generate, sample_sequence, top_k_logits, top_p_logits
 from tfgpt2.seeds import seed_of
 
+BF16_STEP = 2 ** -7  # bfloat16's rounding step, relative (8 significant bits)
+
 pytestmark = pytest.mark.own_process  # it compiles hundreds of programs (tests/own_process.py)
 
 
@@ -105,6 +107,30 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
         prefill, step = two_steps(tf.constant(tokens), weights_used)
         np.testing.assert_allclose(prefill.numpy()[0], full[0, 4], atol=ATOL, rtol=0)
         np.testing.assert_allclose(step.numpy()[0], full[0, 5], atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wide_dir):
+    """`layouts.transposed16`: a bfloat16 model's block weights as [nf, nx] in bfloat16; a cached
+    step at one row that reads them under XLA gives the logits of the step that reads the
+    layers' own weights, to a rounding of the bfloat16 logits (the products sum in another
+    order)."""
+    model = load_model(wide_dir, dtype="bfloat16")
+    hp = model.hparams
+    weights = layouts.transposed16(model)
+    assert [(tuple(w.shape), w.dtype) for w in weights[0]] == [
+        ((3 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, hp.n_embd), tf.bfloat16),
+        ((4 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, 4 * hp.n_embd), tf.bfloat16)]
+
+    @tf.function(jit_compile=True)
+    def step(tokens, weights):
+        cache = call_with_cache(model, tokens[:, :5], empty_cache(model, 1, 16), 0)[1]
+        return call_with_cache(model, tokens[:, 5:6], cache, 5, layouts=weights)[0]
+
+    tokens = tf.constant(prompts_for(11, [6]))
+    own, copied = step(tokens, None).numpy()[0], step(tokens, weights).numpy()[0]
+    assert np.abs(own).max() > 1  # logits of std 0.1 weights, not near-uniform ones
+    np.testing.assert_allclose(copied, own, atol=BF16_STEP * np.abs(own).max(), rtol=0)
 
 
 def graph_def(function, *args):
@@ -328,6 +354,8 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     model = load_model(wide_dir)
     gen = generator_for(model)
     assert gen.weights_for(16, 1) == layouts.split(model, SPLIT_K)
+    sixteen = load_model(wide_dir, dtype="bfloat16")  # at batch 1: its 16-bit copies
+    assert [w.dtype for w in generator_for(sixteen).weights_for(16, 1)[0]] == [tf.bfloat16] * 4
     assert len(gen.weights_for(16, 2)) == model.hparams.n_layer
     assert gen.weights_for(15, 2) is None and gen.weights_for(15, 1) is None
     assert generator_for(model, jit_compile=False).weights_for(16, 2) is None

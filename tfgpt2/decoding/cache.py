@@ -166,7 +166,8 @@ def block_with_cache(block, x, mask, cache, write, layout):
 
 def project(conv, x, layout):
     """`conv(x)`, the weight multiplied as `layout` says: None, the layer as it is; an int k
-    (one row only), k products over slices of nx; a tensor, the weight copied as [nf, nx]."""
+    (one row only), k products over slices of nx; a tensor, the weight copied as [nf, nx] (in 16
+    bits: one row only)."""
     if layout is None:
         return conv(x)
     with tf.name_scope(conv.name):  # named as the layer's own product, for profiles
@@ -180,6 +181,11 @@ def project(conv, x, layout):
             y = tf.reduce_sum(matmul(parts, tf.reshape(w, [layout, nx // layout, conv.nf]), tf32=conv.tf32), 0)
         elif isinstance(layout, int):
             y = matmul(x, tf.reshape(w, [-1, conv.nf]), tf32=conv.tf32)
+        elif layout.dtype != tf.float32 and x.shape[0] == 1:
+            # x @ w_t^T at one row, from a 16-bit copy (`layouts.transposed16`), tied to x by the
+            # barrier: XLA converts it within the product's loop, not once into a float32 copy
+            # hoisted out of the decoding loop and read (twice the bytes) at every step
+            y = matmul(x, xla.optimization_barrier(layout, x)[0], transpose_b=True, tf32=conv.tf32)
         else:
             # (w_t @ x^T)^T: on all cores at any few rows, from a copy of the weight (float32,
             # `layouts.transposed`). The barrier keeps XLA from rewriting it back into x @ w.

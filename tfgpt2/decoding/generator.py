@@ -38,6 +38,7 @@ class Generator:
             tf.function(self._counted(f), jit_compile=jit_compile, autograph=False)
             for f in (self._generate, self._start, self._resume))
         self.transposed = tf.function(lambda: layouts.transposed(self.model))
+        self.transposed16 = tf.function(lambda: layouts.transposed16(self.model))
 
     @property
     def model(self):
@@ -54,11 +55,14 @@ class Generator:
 
     def weights_for(self, length, batch):
         """Where `layouts.transpose_pays` (on a CPU, under XLA) and the weights are float: at batch 1
-        `layouts.split` (no copy, and faster there), at more rows `transposed()`. Else None."""
+        `layouts.split` (no copy, and faster there) or, in 16 bits, `transposed16()`; at more rows
+        `transposed()`. Else None."""
         if not (layouts.usable(self.model)
                 and bool(layouts.transpose_pays(length, cpu=cpus_only(), jit_compile=self.jit_compile))):
             return None
-        return layouts.split(self.model) if batch == 1 else self.transposed()
+        if batch == 1:
+            return layouts.split(self.model) if self.model.compute_dtype == "float32" else self.transposed16()
+        return self.transposed()
 
     def _generate(self, weights, prompt, pad, tokens, length, controls, filters=(True, True), top=None):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
