@@ -27,9 +27,9 @@ def test_leaves_no_trace(tiny, reference_tiny):
     ours = model(TOKENS)  # tfgpt2 still works in this process, eagerly and traced
     np.testing.assert_allclose(ours["logits"], theirs["logits"], atol=ATOL, rtol=0)
     traced = tf.function(lambda x: model(x)["logits"])
-    # float32 rounding only: the traced graph's kernels may sum in another order (on an AVX2
-    # machine, 1.07e-5 apart at a logit of 2.79, 3.9e-6 relative)
-    np.testing.assert_allclose(traced(tf.constant(TOKENS)), ours["logits"], atol=1e-5, rtol=1e-5)
+    # float32 rounding only: the traced graph's kernels may sum in another order (on AVX2
+    # machines, 1.07e-5 apart at a logit of 2.79, and 1.06e-5 at one of 0.05)
+    np.testing.assert_allclose(traced(tf.constant(TOKENS)), ours["logits"], atol=2e-5, rtol=1e-5)
 
 
 def test_hidden_is_each_blocks_output_with_and_without_past(tiny, reference_tiny):
