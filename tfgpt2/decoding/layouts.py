@@ -36,9 +36,8 @@ def transposed(model):
 
 def transposed16(model):
     """A 16-bit model's block weights copied as [nf, nx] in its own dtype, for one row
-    (`cache.project`): each output's weights in a row, converted as the product reads them.
-    On 124M bfloat16, on a CPU without BF16 instructions (AVX2), the blocks' products at one
-    row take half the time of `split`'s (docs/performance.md). 170 MB for 124M."""
+    (`cache.project`): each output's weights in a row, converted as the product reads them
+    (docs/performance.md). 170 MB for 124M."""
     return [tuple(tf.transpose(tf.reshape(model.as_compute(conv.w), [-1, conv.nf])) for conv in convs(block))
             for block in model.h]
 
