@@ -111,13 +111,13 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
 
 @pytest.mark.slow
 def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wide_dir):
-    """`layouts.transposed16`: a bfloat16 model's block weights as [nf, nx] in bfloat16; a cached
+    """`layouts.transposed` in bfloat16: a bfloat16 model's block weights as [nf, nx] in bfloat16; a cached
     step at one row that reads them under XLA gives the logits of the step that reads the
     layers' own weights, to a rounding of the bfloat16 logits (the products sum in another
     order)."""
     model = load_model(wide_dir, dtype="bfloat16")
     hp = model.hparams
-    weights = layouts.transposed16(model)
+    weights = layouts.transposed(model, tf.bfloat16)
     assert [(tuple(w.shape), w.dtype) for w in weights[0]] == [
         ((3 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, hp.n_embd), tf.bfloat16),
         ((4 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, 4 * hp.n_embd), tf.bfloat16)]

@@ -182,7 +182,7 @@ def project(conv, x, layout):
         elif isinstance(layout, int):
             y = matmul(x, tf.reshape(w, [-1, conv.nf]), tf32=conv.tf32)
         elif layout.dtype != tf.float32 and x.shape[0] == 1:
-            # x @ w_t^T at one row, from a 16-bit copy (`layouts.transposed16`), tied to x by the
+            # x @ w_t^T at one row, from a 16-bit copy (`layouts.transposed`), tied to x by the
             # barrier: XLA converts it within the product's loop, not once into a float32 copy
             # hoisted out of the decoding loop and read (twice the bytes) at every step
             y = matmul(x, xla.optimization_barrier(layout, x)[0], transpose_b=True, tf32=conv.tf32)

@@ -38,7 +38,7 @@ class Generator:
             tf.function(self._counted(f), jit_compile=jit_compile, autograph=False)
             for f in (self._generate, self._start, self._resume))
         self.transposed = tf.function(lambda: layouts.transposed(self.model))
-        self.transposed16 = tf.function(lambda: layouts.transposed16(self.model))
+        self.transposed16 = tf.function(lambda: layouts.transposed(self.model, self.model.compute_dtype))
 
     @property
     def model(self):

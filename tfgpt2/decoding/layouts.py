@@ -3,8 +3,9 @@
 Decoding spends its time reading the weights. XLA's CPU backend multiplies a few rows by a
 [nx, nf] weight on one core; by a copy of it as [nf, nx] (`transposed`), or as k products over
 slices of nx at one row (`split`, no copy), on all of them (docs/performance.md); a 16-bit
-model's one row reads a 16-bit copy as [nf, nx] (`transposed16`). On a GPU the layer's own
-product is the fast one, so none of this is used there. Same numbers either way.
+model's one row reads a 16-bit copy as [nf, nx] (`transposed` in its dtype). On a GPU the
+layer's own product is the fast one, so none of this is used there. Same numbers either way
+(the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
 import tensorflow as tf
 
@@ -25,21 +26,15 @@ def usable(model):
     return not any(conv.quantization_mode for block in model.h for conv in convs(block))
 
 
-def transposed(model):
+def transposed(model, dtype=tf.float32):
     """Each block's four Conv1D weights copied as [nf, nx] (XLA only: the product that reads
-    them needs an optimization barrier), in float32: XLA's CPU backend multiplies 16-bit
-    operands as float32 copies, which it would otherwise make again at each call (at each token
-    of a server's step); so the same numbers, read at float32's cost."""
-    return [tuple(tf.transpose(tf.reshape(tf.cast(model.as_compute(conv.w), tf.float32), [-1, conv.nf]))
+    them needs an optimization barrier), in float32 by default: at more rows XLA's CPU backend
+    multiplies 16-bit operands as float32 copies, which it would otherwise make again at each
+    call (at each token of a server's step); so the same numbers, read at float32's cost. In a
+    16-bit model's own `dtype`, for one row (`cache.project`): each output's weights in a row,
+    converted as the product reads them (docs/performance.md); 170 MB for 124M."""
+    return [tuple(tf.transpose(tf.reshape(tf.cast(model.as_compute(conv.w), dtype), [-1, conv.nf]))
                   for conv in convs(block)) for block in model.h]
-
-
-def transposed16(model):
-    """A 16-bit model's block weights copied as [nf, nx] in its own dtype, for one row
-    (`cache.project`): each output's weights in a row, converted as the product reads them
-    (docs/performance.md). 170 MB for 124M."""
-    return [tuple(tf.transpose(tf.reshape(model.as_compute(conv.w), [-1, conv.nf])) for conv in convs(block))
-            for block in model.h]
 
 
 def head(model):
