@@ -150,10 +150,16 @@ def test_serve(tiny_dir, model, dtype, prompts, enc, asked, monkeypatch):
     with TestClient(app.create_app(scheduler, model_name="tiny", encoder=enc, hparams=model.hparams)) as client:
         answer = client.post("/v1/completions", json=dict(model="tiny", prompt=prompts, max_tokens=LENGTH,
                                                           temperature=0, logprobs=1))
-    assert answer.status_code == 200, answer.text
+        # one prompt alone: steps of one row (a 16-bit model's read its 16-bit [nf, nx] copies)
+        alone = client.post("/v1/completions", json=dict(model="tiny", prompt=prompts[0], max_tokens=LENGTH,
+                                                         temperature=0, logprobs=1))
+    assert answer.status_code == 200 and alone.status_code == 200, answer.text + alone.text
+    one_row = scheduler.slots._layouts(1)
+    assert dtype == "int8" and one_row is None or dtype == "bfloat16" and one_row[0][0].dtype == tf.bfloat16
     word = enc.encoding.decode_single_token_bytes
     ids = {token_text(word(t)): t for t in range(enc.n_vocab)}  # the tokens as OpenAI's logprobs show them
-    for prompt, choice in zip(prompts, sorted(answer.json()["choices"], key=lambda c: c["index"])):
+    choices = sorted(answer.json()["choices"], key=lambda c: c["index"]) + alone.json()["choices"]
+    for prompt, choice in zip(prompts + prompts[:1], choices):
         assert_eager(model, dtype, prompt, [ids[t] for t in choice["logprobs"]["tokens"]],
                      choice["logprobs"]["token_logprobs"])
 
