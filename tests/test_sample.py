@@ -114,7 +114,7 @@ def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wi
     """`layouts.transposed` in bfloat16: a bfloat16 model's block weights as [nf, nx] in bfloat16; a cached
     step at one row that reads them under XLA gives the logits of the step that reads the
     layers' own weights, to a rounding of the bfloat16 logits (the products sum in another
-    order)."""
+    order); so do a prompt and a step that read `layouts.widened`."""
     model = load_model(wide_dir, dtype="bfloat16")
     hp = model.hparams
     weights = layouts.transposed(model, tf.bfloat16)
@@ -122,15 +122,22 @@ def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wi
         ((3 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, hp.n_embd), tf.bfloat16),
         ((4 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, 4 * hp.n_embd), tf.bfloat16)]
 
+    widened = layouts.widened(model)  # its prompt's: float32 copies [nx, nf]
+    assert [(tuple(w.shape), w.dtype) for (w,) in widened[0]] == [
+        ((hp.n_embd, 3 * hp.n_embd), tf.float32), ((hp.n_embd, hp.n_embd), tf.float32),
+        ((hp.n_embd, 4 * hp.n_embd), tf.float32), ((4 * hp.n_embd, hp.n_embd), tf.float32)]
+
     @tf.function(jit_compile=True)
-    def step(tokens, weights):
-        cache = call_with_cache(model, tokens[:, :5], empty_cache(model, 1, 16), 0)[1]
-        return call_with_cache(model, tokens[:, 5:6], cache, 5, layouts=weights)[0]
+    def two_steps(tokens, prompt_weights, weights):
+        logits, cache = call_with_cache(model, tokens[:, :5], empty_cache(model, 1, 16), 0, layouts=prompt_weights)
+        return logits, call_with_cache(model, tokens[:, 5:6], cache, 5, layouts=weights)[0]
 
     tokens = tf.constant(prompts_for(11, [6]))
-    own, copied = step(tokens, None).numpy()[0], step(tokens, weights).numpy()[0]
+    own = [t.numpy()[0] for t in two_steps(tokens, None, None)]
     assert np.abs(own).max() > 1  # logits of std 0.1 weights, not near-uniform ones
-    np.testing.assert_allclose(copied, own, atol=BF16_STEP * np.abs(own).max(), rtol=0)
+    for copied in (two_steps(tokens, widened, weights), two_steps(tokens, None, widened)):
+        for logits, expected in zip(copied, own):
+            np.testing.assert_allclose(logits.numpy()[0], expected, atol=BF16_STEP * np.abs(own).max(), rtol=0)
 
 
 def graph_def(function, *args):
@@ -350,15 +357,23 @@ def test_transpose_policy():
 @pytest.mark.slow
 def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     """On a CPU under XLA, from TRANSPOSE_FROM new tokens: split products at batch 1, the
-    transposed copies at more rows; the same greedy tokens as the uncached model."""
+    transposed copies at more rows; a 16-bit model's prompt reads float32 copies, and so do its
+    steps where no other layout pays; the same greedy tokens as the uncached model."""
     model = load_model(wide_dir)
     gen = generator_for(model)
-    assert gen.weights_for(16, 1) == layouts.split(model, SPLIT_K)
-    sixteen = load_model(wide_dir, dtype="bfloat16")  # at batch 1: its 16-bit copies
-    assert [w.dtype for w in generator_for(sixteen).weights_for(16, 1)[0]] == [tf.bfloat16] * 4
-    assert len(gen.weights_for(16, 2)) == model.hparams.n_layer
-    assert gen.weights_for(15, 2) is None and gen.weights_for(15, 1) is None
-    assert generator_for(model, jit_compile=False).weights_for(16, 2) is None
+    assert gen.weights_for(16, 1) == (layouts.split(model, SPLIT_K),) * 2  # (the prompt's, the steps')
+    prompt, steps = gen.weights_for(16, 2)
+    assert prompt is steps and len(steps) == model.hparams.n_layer
+    assert gen.weights_for(15, 2) == gen.weights_for(15, 1) == (None, None)
+    assert generator_for(model, jit_compile=False).weights_for(16, 2) == (None, None)
+    bf16_model = load_model(wide_dir, dtype="bfloat16")
+    sixteen = generator_for(bf16_model)
+    prompt, steps = sixteen.weights_for(16, 1)  # the prompt: float32 copies; one row: its 16-bit [nf, nx] ones
+    assert [w.dtype for (w,) in prompt[0]] == [tf.float32] * 4 and [w.dtype for w in steps[0]] == [tf.bfloat16] * 4
+    prompt, steps = sixteen.weights_for(15, 1)  # too few steps for another layout: the float32 copies
+    assert prompt is steps and [w.dtype for (w,) in steps[0]] == [tf.float32] * 4
+    prompt, steps = sixteen.weights_for(16, 2)
+    assert prompt is steps and [w.dtype for w in steps[0]] == [tf.float32] * 4
     prompts = prompts_for(12, [3, 1, 6])
     copies, transposed = [], gen.transposed
     gen.transposed = lambda: copies.append(1) or transposed()

@@ -24,8 +24,8 @@ class Generator:
     `generate_padded` runs a whole generation as one `tf.function` (XLA when `jit_compile`)
     over left-padded prompts. `start` (the prompt but its last token) and `resume` (new
     tokens, up to a count) run it in pieces, to report progress between them. Each takes the
-    layout of the block weights first (`weights_for`). `traces` counts how often any of them was
-    traced, that is compiled.
+    layouts of the block weights first (`weights_for`: the prompt's, the steps'). `traces`
+    counts how often any of them was traced, that is compiled.
     """
 
     def __init__(self, model, *, jit_compile=True):
@@ -39,6 +39,7 @@ class Generator:
             for f in (self._generate, self._start, self._resume))
         self.transposed = tf.function(lambda: layouts.transposed(self.model))
         self.transposed16 = tf.function(lambda: layouts.transposed(self.model, self.model.compute_dtype))
+        self.widened = tf.function(lambda: layouts.widened(self.model))
 
     @property
     def model(self):
@@ -54,15 +55,22 @@ class Generator:
         return traced
 
     def weights_for(self, length, batch):
-        """Where `layouts.transpose_pays` (on a CPU, under XLA) and the weights are float: at batch 1
-        `layouts.split` (no copy, and faster there) or, in 16 bits, `transposed16()`; at more rows
-        `transposed()`. Else None."""
-        if not (layouts.usable(self.model)
-                and bool(layouts.transpose_pays(length, cpu=cpus_only(), jit_compile=self.jit_compile))):
-            return None
-        if batch == 1:
-            return layouts.split(self.model) if self.model.compute_dtype == "float32" else self.transposed16()
-        return self.transposed()
+        """The layouts of the block weights (`layouts.py`) for (the prompt's pass, the new
+        tokens' steps), on a CPU under XLA where the weights are float; else (None, None). A
+        float32 model, where `layouts.transpose_pays`: at batch 1 `layouts.split` (no copy, and
+        faster there), at more rows `transposed()`. A 16-bit model: `widened()` for its prompt,
+        and for its steps where no other layout pays; where one does, `transposed16()` at batch
+        1, `transposed()` for both at more rows."""
+        if not (layouts.usable(self.model) and cpus_only() and self.jit_compile):
+            return None, None
+        pays = bool(layouts.transpose_pays(length, cpu=True))
+        if self.model.compute_dtype == "float32":
+            weights = None if not pays else layouts.split(self.model) if batch == 1 else self.transposed()
+            return weights, weights
+        if pays and batch > 1:
+            return (self.transposed(),) * 2
+        widened = self.widened()
+        return widened, self.transposed16() if pays else widened
 
     def _generate(self, weights, prompt, pad, tokens, length, controls, filters=(True, True), top=None):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
@@ -83,7 +91,7 @@ class Generator:
         batch, prompt_len = shape_list(prompt)
         cache = empty_cache(self.model, batch, shape_list(tokens)[1])
         if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `buckets.bucket_sizes`
-            _, cache = call_with_cache(self.model, prompt[:, :-1], cache, 0, pad=pad, layouts=weights)
+            _, cache = call_with_cache(self.model, prompt[:, :-1], cache, 0, pad=pad, layouts=weights[0])
         state = dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
                      tokens=tf.concat([prompt, tokens[:, prompt_len:]], axis=1),
                      **per_token.begin(controls, prompt, pad, self.model.hparams.n_vocab))
@@ -97,7 +105,7 @@ class Generator:
         """Generate from `state` until `until` new tokens, or until every row has ended."""
         def body(state):
             logits, cache = call_with_cache(self.model, state["token"][:, None], state["cache"],
-                                            prompt_len + state["i"] - 1, pad=pad, layouts=weights)
+                                            prompt_len + state["i"] - 1, pad=pad, layouts=weights[1])
             token, stepped, scores = per_token.step(logits, _step_state(state), controls, filters=filters, top=top)
             column = _column(token, prompt_len + state["i"])
             new = dict(state, **stepped, i=state["i"] + 1, token=token, cache=cache,

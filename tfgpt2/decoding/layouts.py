@@ -3,7 +3,8 @@
 Decoding spends its time reading the weights. XLA's CPU backend multiplies a few rows by a
 [nx, nf] weight on one core; by a copy of it as [nf, nx] (`transposed`), or as k products over
 slices of nx at one row (`split`, no copy), on all of them (docs/performance.md); a 16-bit
-model's one row reads a 16-bit copy as [nf, nx] (`transposed` in its dtype). On a GPU the
+model's one row reads a 16-bit copy as [nf, nx] (`transposed` in its dtype), and its prompt a
+float32 copy (`widened`). On a GPU the
 layer's own product is the fast one, so none of this is used there. Same numbers either way
 (the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
@@ -35,6 +36,15 @@ def transposed(model, dtype=tf.float32):
     converted as the product reads them (docs/performance.md); 170 MB for 124M."""
     return [tuple(tf.transpose(tf.reshape(tf.cast(model.as_compute(conv.w), dtype), [-1, conv.nf]))
                   for conv in convs(block)) for block in model.h]
+
+
+def widened(model):
+    """Each block's four Conv1D weights as float32 copies [nx, nf], each in a one-tuple, for a
+    16-bit model's products at more rows (its prompt) and at steps too few for another layout:
+    XLA's CPU backend would convert each 16-bit weight inside the program at each call, at five
+    to six times the time TensorFlow takes to make these (on 124M: 300 ms against 50; 340 MB,
+    freed after the call). The same numbers: XLA multiplies 16-bit operands as float32 anyway."""
+    return [tuple((tf.cast(model.as_compute(conv.w)[0], tf.float32),) for conv in convs(block)) for block in model.h]
 
 
 def head(model):

@@ -230,15 +230,16 @@ class Serving(tf.Module):
 
     def _loop(self, max_new_tokens, args):
         """`generate_padded(weights, *args)`, by the device its ops run on: on a CPU with the
-        transposed weights where `layouts.transpose_pays`, elsewhere with the layers' own."""
+        transposed weights (for the prompt and the steps) where `layouts.transpose_pays`,
+        elsewhere with the layers' own."""
         generator = self._generator
 
         def plain():
-            return generator.generate_padded(None, *args)
+            return generator.generate_padded((None, None), *args)
 
         def on_cpu():
             return tf.cond(layouts.transpose_pays(max_new_tokens, cpu=True),
-                           lambda: generator.generate_padded(generator.transposed(), *args), plain)
+                           lambda: generator.generate_padded((generator.transposed(),) * 2, *args), plain)
         return by_device(on_cpu, plain) if self._layouts else plain()
 
     def _prompts(self, input_ids, attention_mask):
