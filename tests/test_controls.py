@@ -138,7 +138,7 @@ def test_defaults_leave_the_loop_as_it_was(tiny, monkeypatch):
     asked = []
 
     class Loop:
-        def weights_for(self, length, batch):
+        def weights_for(self, length, batch, prompt_len):
             return None
 
         def generate_padded(self, weights, prompt, pad, tokens, length, controls, filters, top):

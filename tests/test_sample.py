@@ -208,8 +208,8 @@ def loop_args(model, batch, longest, length, *, prompt=None, seed=0):
     controls, _ = step.controls_for([dataclasses.replace(request, seed=seed_of(seed, r)) for r in range(batch)],
                                     model.hparams.n_vocab)
     return prompt_len, generator, (
-        generator.weights_for(length, batch), prompt, tf.zeros([batch], tf.int32), tf.zeros([batch, total], tf.int32),
-        tf.constant(length), controls)
+        generator.weights_for(length, batch, prompt_len), prompt, tf.zeros([batch], tf.int32),
+        tf.zeros([batch, total], tf.int32), tf.constant(length), controls)
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +299,7 @@ class Asked:
     def __init__(self):
         self.filters = []
 
-    def weights_for(self, length, batch):
+    def weights_for(self, length, batch, prompt_len):
         return None
 
     def generate_padded(self, weights, prompt, pad, tokens, length, controls, filters, top):
@@ -361,18 +361,19 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     steps where no other layout pays; the same greedy tokens as the uncached model."""
     model = load_model(wide_dir)
     gen = generator_for(model)
-    assert gen.weights_for(16, 1) == (layouts.split(model, SPLIT_K),) * 2  # (the prompt's, the steps')
-    prompt, steps = gen.weights_for(16, 2)
+    assert gen.weights_for(16, 1, 5) == (layouts.split(model, SPLIT_K),) * 2  # (the prompt's, the steps')
+    prompt, steps = gen.weights_for(16, 2, 5)
     assert prompt is steps and len(steps) == model.hparams.n_layer
-    assert gen.weights_for(15, 2) == gen.weights_for(15, 1) == (None, None)
-    assert generator_for(model, jit_compile=False).weights_for(16, 2) == (None, None)
+    assert gen.weights_for(15, 2, 5) == gen.weights_for(15, 1, 5) == (None, None)
+    assert generator_for(model, jit_compile=False).weights_for(16, 2, 5) == (None, None)
     bf16_model = load_model(wide_dir, dtype="bfloat16")
     sixteen = generator_for(bf16_model)
-    prompt, steps = sixteen.weights_for(16, 1)  # the prompt: float32 copies; one row: its 16-bit [nf, nx] ones
+    prompt, steps = sixteen.weights_for(16, 1, 5)  # the prompt: float32 copies; one row: its 16-bit [nf, nx] ones
     assert [w.dtype for (w,) in prompt[0]] == [tf.float32] * 4 and [w.dtype for w in steps[0]] == [tf.bfloat16] * 4
-    prompt, steps = sixteen.weights_for(15, 1)  # too few steps for another layout: the float32 copies
+    assert sixteen.weights_for(16, 1, 1)[0] is None  # a one-token prompt has no pass to read copies
+    prompt, steps = sixteen.weights_for(15, 1, 1)  # too few steps for another layout: the float32 copies
     assert prompt is steps and [w.dtype for (w,) in steps[0]] == [tf.float32] * 4
-    prompt, steps = sixteen.weights_for(16, 2)
+    prompt, steps = sixteen.weights_for(16, 2, 5)
     assert prompt is steps and [w.dtype for w in steps[0]] == [tf.float32] * 4
     prompts = prompts_for(12, [3, 1, 6])
     copies, transposed = [], gen.transposed

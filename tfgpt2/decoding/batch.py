@@ -122,7 +122,8 @@ def _in_window(loop, prompts, length, n_ctx, chunk, progress):
     `chunk` new tokens."""
     prompt_len, total = (int(n) for n in bucket_sizes(max(map(len, prompts)), length, n_ctx))
     padded, pad = _padded(prompts, prompt_len)
-    args = (loop.generator.weights_for(length, len(prompts)), padded, pad, tf.zeros([len(prompts), total], tf.int32))
+    weights = loop.generator.weights_for(length, len(prompts), prompt_len)
+    args = (weights, padded, pad, tf.zeros([len(prompts), total], tf.int32))
     found = _Found(len(prompts))
     if chunk is None:
         yield found.take(loop.run(args, length), prompt_len, 0)
@@ -170,7 +171,7 @@ def _sliding(loop, prompts, length, n_ctx, keep, chunk, progress):
         count = min(window, length - step)
         prompt_len, total = (int(n) for n in bucket_sizes(longest, window, n_ctx))
         padded, pad = _padded(rows, prompt_len)
-        args = (loop.generator.weights_for(window, batch), padded, pad, tf.zeros([batch, total], tf.int32))
+        args = (loop.generator.weights_for(window, batch, prompt_len), padded, pad, tf.zeros([batch, total], tf.int32))
         found.segment()
         for state in _pieces(loop, args, prompt_len, count, chunk, progress, carry, step):
             yield found.take(state, prompt_len, step)

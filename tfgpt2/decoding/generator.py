@@ -54,13 +54,13 @@ class Generator:
             return f(*args)
         return traced
 
-    def weights_for(self, length, batch):
-        """The layouts of the block weights (`layouts.py`) for (the prompt's pass, the new
-        tokens' steps), on a CPU under XLA where the weights are float; else (None, None). A
-        float32 model, where `layouts.transpose_pays`: at batch 1 `layouts.split` (no copy, and
-        faster there), at more rows `transposed()`. A 16-bit model: `widened()` for its prompt,
-        and for its steps where no other layout pays; where one does, `transposed16()` at batch
-        1, `transposed()` for both at more rows."""
+    def weights_for(self, length, batch, prompt_len):
+        """The layouts of the block weights (`layouts.py`) for (the pass over a prompt of
+        `prompt_len` tokens but its last, the new tokens' steps), on a CPU under XLA where the
+        weights are float; else (None, None). A float32 model, where `layouts.transpose_pays`:
+        at batch 1 `layouts.split` (no copy, and faster there), at more rows `transposed()`. A
+        16-bit model: `widened()` for its prompt, and for its steps where no other layout pays;
+        where one does, `transposed16()` at batch 1, `transposed()` for both at more rows."""
         if not (layouts.usable(self.model) and cpus_only() and self.jit_compile):
             return None, None
         pays = bool(layouts.transpose_pays(length, cpu=True))
@@ -69,8 +69,9 @@ class Generator:
             return weights, weights
         if pays and batch > 1:
             return (self.transposed(),) * 2
-        widened = self.widened()
-        return widened, self.transposed16() if pays else widened
+        if pays:  # a one-token prompt has no pass (`_start`)
+            return self.widened() if prompt_len > 1 else None, self.transposed16()
+        return (self.widened(),) * 2
 
     def _generate(self, weights, prompt, pad, tokens, length, controls, filters=(True, True), top=None):
         """prompt [batch, P] left-padded by pad [batch]; tokens [batch, T] is the output buffer,
