@@ -4,9 +4,9 @@ Decoding spends its time reading the weights. XLA's CPU backend multiplies a few
 [nx, nf] weight on one core; by a copy of it as [nf, nx] (`transposed`), or as k products over
 slices of nx at one row (`split`, no copy), on all of them (docs/performance.md); a 16-bit
 model's one row reads a 16-bit copy as [nf, nx] (`transposed` in its dtype), and its prompt a
-float32 copy (`widened`). On a GPU the
-layer's own product is the fast one, so none of this is used there. Same numbers either way
-(the 16-bit copy's products sum in another order: to a rounding of the logits).
+float32 copy (`widened`). On a GPU the layer's own product is the fast one, so none of this is
+used there. Same numbers either way (the 16-bit copy's products sum in another order: to a
+rounding of the logits).
 """
 import tensorflow as tf
 
@@ -41,9 +41,9 @@ def transposed(model, dtype=tf.float32):
 def widened(model):
     """Each block's four Conv1D weights as float32 copies [nx, nf], each in a one-tuple, for a
     16-bit model's products at more rows (its prompt) and at steps too few for another layout:
-    XLA's CPU backend would convert each 16-bit weight inside the program at each call, at five
-    to six times the time TensorFlow takes to make these (on 124M: 300 ms against 50; 340 MB,
-    freed after the call). The same numbers: XLA multiplies 16-bit operands as float32 anyway."""
+    XLA's CPU backend would convert each 16-bit weight inside the program at each call, several
+    times slower than TensorFlow makes these (340 MB for 124M, freed after the call). The same
+    numbers: XLA multiplies 16-bit operands as float32 anyway."""
     return [tuple((tf.cast(model.as_compute(conv.w)[0], tf.float32),) for conv in convs(block)) for block in model.h]
 
 
