@@ -91,3 +91,33 @@ def test_after_close_the_compile_under_way_ends_and_no_other_starts():
     programs.close()
     assert programs.idle(timeout=120) and programs.pending == 0 and programs.worker is None
     assert programs.ready(key(5, 1))[0] == key(8, 4) and programs.worker is None  # a stand-in, nothing queued
+
+
+def test_close_gives_the_compile_under_way_the_closing_threads_priority():
+    """The server's exit waits on the background compile under way (`Scheduler.join`): once
+    closed it runs at the priority of the thread that closed, not the lowest, which a busy
+    machine holds off for minutes."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a thread has its own CPU priority on Linux only")
+    if os.geteuid() != 0:
+        pytest.skip("raising a thread's CPU priority needs root (or CAP_SYS_NICE)")
+    variable, started, closed, seen = tf.Variable(tf.zeros([8])), threading.Event(), threading.Event(), []
+
+    def build(name, static):
+        thread = threading.get_native_id()
+        if thread != engine:  # the background thread, at its lowest, until the engine closes
+            seen.append((os.getpriority(os.PRIO_PROCESS, thread), os.sched_getscheduler(thread)))
+            started.set()
+            assert closed.wait(120)
+            seen.append((os.getpriority(os.PRIO_PROCESS, thread), os.sched_getscheduler(thread)))
+        return adds(variable)(name, static)
+
+    engine = threading.get_native_id()
+    programs = Programs(build, [variable])
+    programs.warm([key(4, 2)])
+    programs.ready(key(2, 1))
+    assert started.wait(120)
+    programs.close()
+    closed.set()
+    assert programs.idle(timeout=120) and programs.count("background") == 1
+    assert seen == [(19, os.SCHED_IDLE), (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))]

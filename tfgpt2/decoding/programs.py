@@ -92,11 +92,14 @@ class Programs:
 
     def close(self):
         """Drops the keys queued for the background thread but the one it compiles (it ends after
-        that one); no more are queued."""
+        that one, at the priority of the thread that closes: the server's exit waits on it, and
+        at the lowest a busy machine can hold it off for minutes); no more are queued."""
         with self.lock:
             self.closed = True
             while len(self.wanted) > 1:
                 self.wanted.pop()
+            if self.worker is not None:
+                hasten(self.worker.native_id)
 
     def idle(self, timeout=None):
         """Waits until the background thread has compiled every key it was given; whether it has."""
@@ -114,7 +117,9 @@ class Programs:
 
     def _background(self):
         """Compiles the wanted keys one at a time, then ends (the copies let go with it)."""
-        yield_cpu()
+        with self.lock:
+            if not self.closed:  # else `close` has given it its priority already
+                yield_cpu()
         shadows = {}
         while True:
             with self.lock:
@@ -151,6 +156,17 @@ def yield_cpu():
         os.setpriority(os.PRIO_PROCESS, thread, 19)
         try:
             os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
+
+
+def hasten(thread):
+    """Gives the thread of native id `thread` the calling thread's CPU priority (undoes
+    `yield_cpu`), where the system lets this process raise it (root, or CAP_SYS_NICE)."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.sched_setscheduler(thread, os.sched_getscheduler(0), os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, 0))
         except OSError:
             pass
 
