@@ -220,6 +220,7 @@ def test_tokenizer_report(tmp_path):
         assert data["settings"]["identical_ids"] is True
 
 
+@pytest.mark.slow
 def test_gpu_check_without_a_gpu_says_so(tmp_path):
     done = run_tool("gpu_check.py", "--report", str(tmp_path), env={"CUDA_VISIBLE_DEVICES": ""}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -69,23 +69,37 @@ def untied_dir(tmp_path_factory):
                            tie_embeddings=False)
 
 
+class Written:
+    """Each outtype's GGUF file and its reader, made once, when a test first asks (a reader
+    parses every token and merge: seconds): f32 of `untied_dir`, f16 and q8_0 of `tiny_dir`."""
+
+    def __init__(self, folder, models):
+        self.folder, self.models, self.files, self.readers = folder, models, {}, {}
+
+    def file(self, outtype):
+        """(model folder, its GGUF file of `outtype`)."""
+        if outtype not in self.files:
+            model = self.models[outtype]
+            self.files[outtype] = model, export_gguf(model, str(self.folder / f"{outtype}.gguf"), outtype=outtype)
+        return self.files[outtype]
+
+    def reader(self, outtype):
+        if outtype not in self.readers:
+            self.readers[outtype] = gguf.GGUFReader(self.file(outtype)[1])
+        return self.readers[outtype]
+
+
 @pytest.fixture(scope="module")
 def written(tiny_dir, untied_dir, tmp_path_factory):
-    """outtype -> (model folder, its GGUF file, the file's reader), each written and read once
-    (a reader parses every token and merge: seconds): f32 of `untied_dir`, f16 and q8_0 of
-    `tiny_dir`."""
-    folder, files = tmp_path_factory.mktemp("gguf"), {}
-    for outtype, model in (("f32", untied_dir), ("f16", tiny_dir), ("q8_0", tiny_dir)):
-        path = export_gguf(model, str(folder / f"{outtype}.gguf"), outtype=outtype)
-        files[outtype] = model, path, gguf.GGUFReader(path)
-    return files
+    return Written(tmp_path_factory.mktemp("gguf"), dict(f32=untied_dir, f16=tiny_dir, q8_0=tiny_dir))
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("outtype", ["f32", pytest.param("f16", marks=pytest.mark.slow),
+                                     pytest.param("q8_0", marks=pytest.mark.slow)])  # the quick tier: one reader
 def test_every_tensor_reads_back_within_its_rounding(written, outtype):
     """Every tensor of the checkpoint (an untied output layer as `output.weight`) under
     llama.cpp's name, in llama.cpp's shape and the type's rounding of its value."""
-    model, _, reader = written[outtype]
+    (model, _), reader = written.file(outtype), written.reader(outtype)
     hparams, tensors = read(model, "openai")
     expected = expected_tensors(tensors, hparams.n_layer)
     assert sorted(t.name for t in reader.tensors) == sorted(expected)
@@ -107,7 +121,7 @@ def test_metadata_and_tokenizer(written):
     """The keys llama.cpp reads for GPT-2: hparams, and the byte-level BPE vocabulary in id
     order with its merges in rank order, <|endoftext|> a control token, BOS and EOS, not added;
     a model with more rows than tokens gets unused [PAD<i>] tokens."""
-    model, _, reader = written["f32"]
+    reader = written.reader("f32")
     assert field(reader, "general.architecture") == "gpt2"
     assert field(reader, "general.name") == "untied"
     for key, value in (("context_length", TINY["n_ctx"]), ("embedding_length", TINY["n_embd"]),
@@ -161,13 +175,13 @@ def test_command_line_and_a_run_folder(tiny_dir, written, tmp_path, capsys):
     dst = str(tmp_path / "run-q8_0.gguf")
     assert convert_cli.main(["--from", "openai", "--to", "gguf", str(run), dst, "--outtype", "q8_0"]) == 0
     assert "wrote" in capsys.readouterr().out
-    assert same_bytes(dst, written["q8_0"][1])
+    assert same_bytes(dst, written.file("q8_0")[1])
     with pytest.raises(SystemExit) as exit:
         convert_cli.main(["--from", "openai", "--to", "gguf", tiny_dir, dst])
     assert exit.value.code == 1 and "run-q8_0.gguf exists; choose another name, or pass --overwrite" in \
         capsys.readouterr().err
     assert convert_cli.main(["--from", "openai", "--to", "gguf", tiny_dir, dst, "--overwrite", "--quiet"]) == 0
-    assert same_bytes(dst, written["f16"][1])  # f16, the default
+    assert same_bytes(dst, written.file("f16")[1])  # f16, the default
     with pytest.raises(SystemExit) as exit:
         convert_cli.main(["--from", "openai", "--to", "hf", tiny_dir, str(tmp_path / "hf"), "--outtype", "f16"])
     assert exit.value.code == 2 and "--outtype is for --to gguf only" in capsys.readouterr().err
@@ -215,7 +229,7 @@ def test_llama_cpp_gives_tfgpt2s_logits_and_tokens(written, tmp_path, outtype):
     logits of tfgpt2's float32 model (but for llama.cpp's GELU, read from a float16 table);
     in q8_0 (its products quantize the activations too) close to them, with the same top token
     at almost every position. Its tokenizer gives tfgpt2's ids."""
-    model, path, _ = written[outtype]
+    model, path = written.file(outtype)
     text = "Hello world, it's 2024!\n  GPT-2's tokenizer:\tdone <|endoftext|>"
     theirs, ids = run_llama_cpp(path, TOKENS, text, str(tmp_path / "llama.npz"))
     ours = load(model, "openai")([TOKENS])["logits"].numpy()[0]

@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
 
 CONFTEST = "from tests.own_process import pytest_configure, pytest_runtest_protocol  # noqa: F401\n"
@@ -34,6 +36,7 @@ def pytest_in(folder, *args):
                           env=dict({k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, PYTHONPATH=str(ROOT)))
 
 
+@pytest.mark.slow
 def test_a_marked_file_runs_in_a_child_and_reports_each_test(tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_marked.py").write_text(MARKED)

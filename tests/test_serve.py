@@ -232,6 +232,7 @@ def greedy(model, length, **controls):
                          **dict(dict(temperature=0.0, seed=0), **controls))
 
 
+@pytest.mark.slow
 def test_a_step_runs_the_slots_up_to_the_highest_in_use(tiny):
     """The scheduler alone (no server): one sequence decodes one slot wide, whatever
     --max_batch; three at once (their prompts read by one prefill call, of four rows: the
@@ -348,6 +349,7 @@ def long_model(tmp_path_factory):
         ).override_from_dict(dict(TINY, n_ctx=128)), std=0.3, seed=1))
 
 
+@pytest.mark.slow
 def test_the_warm_up_prefills_a_first_chunk_over_its_own_blocks(long_model):
     """A context of two blocks: besides the whole context's, a prefill of the longest chunk over
     the first block, and a decode step over it, are compiled before the first request, and a
