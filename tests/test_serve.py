@@ -53,26 +53,32 @@ Server = collections.namedtuple("Server", "url child log")
 
 class Servers:
     """`tfgpt2 serve` on the tiny model in a child process (4 slots, 12 places in the queue, the
-    limits above), shared by the module's tests; `get` starts another where a test ended it
-    (the SIGTERM test), so that the tests pass in any order."""
+    limits above), shared by the module's tests (`get`, started again where one ended), and
+    servers of one test's own (`alone`, with flags of its own), all stopped with the module."""
 
     def __init__(self, model_dir, folder):
-        self.model_dir, self.folder, self.current = model_dir, folder, None
+        self.model_dir, self.folder, self.current, self.others = model_dir, folder, None, []
 
     def get(self):
         if self.current is None or self.current.child.poll() is not None:
-            self.stop()
+            if self.current is not None:
+                self._stop(self.current)
             self.current = self._start()
         return self.current
 
-    def _start(self):
+    def alone(self, *flags):
+        """A server of the caller's own, with `flags` added (the SIGTERM test ends it)."""
+        self.others.append(self._start(*flags))
+        return self.others[-1]
+
+    def _start(self, *extra):
         port, log = free_port(), self.folder / f"stderr-{time.monotonic_ns()}"
         env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", TFGPT2_API_KEY=KEY)
         flags = dict(model_dir=self.model_dir, port=port, max_batch=SLOTS, max_queue=QUEUE, prefill_chunk=16,
                      max_body_bytes=LIMIT, request_timeout=TIMEOUT, drain_timeout=DRAIN)
         with open(log, "w") as stderr:
             child = subprocess.Popen([sys.executable, "-m", "tfgpt2.cli.main", "serve", "--quiet"] + [
-                f"--{k}={v}" for k, v in flags.items()], cwd=ROOT, env=env, stderr=stderr, text=True)
+                f"--{k}={v}" for k, v in flags.items()] + list(extra), cwd=ROOT, env=env, stderr=stderr, text=True)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and child.poll() is None:
@@ -85,12 +91,16 @@ class Servers:
         pytest.fail(f"the server did not answer /health (exit status {child.wait()}): {log.read_text()[-3000:]}")
 
     def stop(self):
-        if self.current is not None:
-            if self.current.child.poll() is None:
-                self.current.child.kill()
-            self.current.child.wait()
-            sys.stderr.write(self.current.log.read_text()[-5000:])
-            self.current = None
+        for server in [self.current] * (self.current is not None) + self.others:
+            self._stop(server)
+        self.current, self.others = None, []
+
+    @staticmethod
+    def _stop(server):
+        if server.child.poll() is None:
+            server.child.kill()
+        server.child.wait()
+        sys.stderr.write(server.log.read_text()[-5000:])
 
 
 @pytest.fixture(scope="module")
@@ -988,12 +998,16 @@ def test_stalled_connections_are_closed_by_the_timeouts(server, client):
 
 
 @pytest.mark.slow
-def test_sigterm_drains_within_its_bound_then_exits_0(server, client):
+def test_sigterm_drains_within_its_bound_then_exits_0(servers):
     """SIGTERM with a stalled socket open and two requests running: /health and new requests
     get 503 at once; a short request finishes whole; one that would run for hours is cut off
     at --drain_timeout with a 503 error object in its stream; the stalled socket is closed,
-    and the process exits 0 within the bound. (It ends the server; the next test starts one.)"""
+    and the process exits 0 within the bound. On a server of its own (it ends it; without the
+    warm-up, which the module's server has done: its requests compile their programs), so
+    that the module's server serves the tests that follow in the shuffled order."""
+    server = servers.alone("--no_warmup")
     url, child = server.url, server.child
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     port = urllib.parse.urlsplit(url).port
     endless = Reader(url, LONG)
     assert endless.first.wait(120)
