@@ -91,7 +91,7 @@ class Servers:
         pytest.fail(f"the server did not answer /health (exit status {child.wait()}): {log.read_text()[-3000:]}")
 
     def stop(self):
-        for server in [self.current] * (self.current is not None) + self.others:
+        for server in filter(None, [self.current, *self.others]):
             self._stop(server)
         self.current, self.others = None, []
 
@@ -118,6 +118,11 @@ def server(servers):
 
 @pytest.fixture
 def client(server):
+    return client_of(server)
+
+
+def client_of(server):
+    """The `openai` client of `server`, with the key."""
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
@@ -1007,7 +1012,7 @@ def test_sigterm_drains_within_its_bound_then_exits_0(servers):
     that the module's server serves the tests that follow in the shuffled order."""
     server = servers.alone("--no_warmup")
     url, child = server.url, server.child
-    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    client = client_of(server)
     port = urllib.parse.urlsplit(url).port
     endless = Reader(url, LONG)
     assert endless.first.wait(120)
