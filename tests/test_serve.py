@@ -122,8 +122,11 @@ def client(server):
 
 
 def client_of(server):
-    """The `openai` client of `server`, with the key."""
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    """The `openai` client of `server`, with the key, no retries (no failure hides) and a
+    connection per request (`Connection: close`): the server closes a connection left idle for
+    --request_timeout (3 s here), and a request sent on a kept one as it closes meets a reset."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120,
+                         default_headers={"Connection": "close"})
 
 
 class Reader(threading.Thread):
