@@ -199,7 +199,7 @@ def last_logits(tiny):
     import tensorflow as tf
     spec = tf.TensorSpec([1, None], tf.int32)
     f = tf.function(lambda x: tiny.lm_logits(tiny(x, return_hidden=True)["hidden"][:, -1, -1:])[0, -1],
-                    input_signature=[spec])
+                    input_signature=[spec], autograph=False)
     return lambda row: f(tf.constant([row], tf.int32)).numpy()
 
 

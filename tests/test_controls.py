@@ -96,7 +96,7 @@ def test_min_p_draws_meet_the_threshold_and_the_distribution():
     probs = np.exp(logits.astype(np.float64) - logits.max())
     kept = probs >= 0.15 * probs.max()
     assert 3 <= kept.sum() < 60
-    tokens = tf.function(choose, jit_compile=True)(
+    tokens = tf.function(choose, jit_compile=True, autograph=False)(
         tf.constant(np.repeat(logits[None], 20_000, axis=0)), temperature=tf.constant(1.0), top_k=tf.constant(0),
         top_p=tf.constant(1.0), seed=tf.constant([7, 0], tf.int64), min_p=tf.fill([20_000], 0.15)).numpy()
     assert kept[tokens].all()

@@ -96,7 +96,7 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
     assert [tuple(w.shape) for w in weights[0]] == [
         (3 * hp.n_embd, hp.n_embd), (hp.n_embd, hp.n_embd), (4 * hp.n_embd, hp.n_embd), (hp.n_embd, 4 * hp.n_embd)]
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def two_steps(tokens, weights):
         logits, cache = call_with_cache(model, tokens[:, :5], empty_cache(model, 1, 16), 0, layouts=weights)
         return logits, call_with_cache(model, tokens[:, 5:6], cache, 5, layouts=weights)[0]
@@ -127,7 +127,7 @@ def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wi
         ((hp.n_embd, 3 * hp.n_embd), tf.float32), ((hp.n_embd, hp.n_embd), tf.float32),
         ((hp.n_embd, 4 * hp.n_embd), tf.float32), ((4 * hp.n_embd, hp.n_embd), tf.float32)]
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def two_steps(tokens, prompt_weights, weights):
         logits, cache = call_with_cache(model, tokens[:, :5], empty_cache(model, 1, 16), 0, layouts=prompt_weights)
         return logits, call_with_cache(model, tokens[:, 5:6], cache, 5, layouts=weights)[0]
@@ -560,7 +560,7 @@ def draws(logits, n, **kwargs):
     args = dict(temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(1.0),
                 seed=tf.constant([7, 0], tf.int64))
     args.update({k: tf.constant(v, dtype=args[k].dtype) for k, v in kwargs.items()})
-    return tf.function(choose, jit_compile=True)(batch, **args).numpy()
+    return tf.function(choose, jit_compile=True, autograph=False)(batch, **args).numpy()
 
 
 @pytest.mark.slow

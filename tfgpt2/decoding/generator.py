@@ -37,9 +37,10 @@ class Generator:
         self.generate_padded, self.start, self.resume = (
             tf.function(self._counted(f), jit_compile=jit_compile, autograph=False)
             for f in (self._generate, self._start, self._resume))
-        self.transposed = tf.function(lambda: layouts.transposed(self.model))
-        self.transposed16 = tf.function(lambda: layouts.transposed(self.model, self.model.compute_dtype))
-        self.widened = tf.function(lambda: layouts.widened(self.model))
+        self.transposed = tf.function(lambda: layouts.transposed(self.model), autograph=False)
+        self.transposed16 = tf.function(lambda: layouts.transposed(self.model, self.model.compute_dtype),
+                                         autograph=False)
+        self.widened = tf.function(lambda: layouts.widened(self.model), autograph=False)
 
     @property
     def model(self):

@@ -81,7 +81,7 @@ def min_p_logits(logits, min_p):
     return tf.where(keep, logits, tf.cast(FILTERED, logits.dtype))
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _uniform(n, seed):
     """n stateless uniforms for `seed`, always computed by XLA: TensorFlow's own kernel draws
     other numbers for the same seed, and generation should not depend on XLA. `seed` is a pair
