@@ -248,6 +248,27 @@ def test_python_m_tfgpt2_train_keeps_its_name_and_the_forks_flags(tmp_path):
         assert flag in child.stdout
 
 
+
+@pytest.mark.slow
+def test_a_command_starts_without_matplotlib_and_a_program_keeps_it(tmp_path):
+    """Keras imports matplotlib.pyplot as TensorFlow starts, for its plots: a command (here the
+    console script's module imported first) starts without it, and can still import it after;
+    a program that imports tfgpt2 keeps Keras' plots."""
+    script = """
+import sys
+{first}
+import tfgpt2, keras
+before = "matplotlib" in sys.modules
+import matplotlib.pyplot
+from keras.src.visualization import plot_image_gallery
+print(before, plot_image_gallery.plt is not None)
+"""
+    for first, expected in [("import tfgpt2_cli", "False False"), ("", "True True")]:
+        child = subprocess.run([sys.executable, "-c", script.format(first=first)], cwd=tmp_path, env=cli_env(),
+                               capture_output=True, text=True, timeout=120)
+        assert child.returncode == 0, child.stderr[-3000:]
+        assert child.stdout.split() == expected.split(), (first, child.stdout)
+
 # Nothing lost, nothing replaced: what each command writes over, and its one-line errors
 
 def contents(folder):

@@ -4,14 +4,14 @@
 registers GPT2 and its layers with Keras, so that `keras.models.load_model("gpt2.keras")` of a
 saved tfgpt2 model needs nothing more (Keras looks the classes up by their registered names,
 "tfgpt2>GPT2", and imports no module to find them). It also means `import tfgpt2` imports
-TensorFlow and Keras (quietly where tfgpt2 runs as a command: `_startup`). The other names
+TensorFlow and Keras (quietly, and without matplotlib, where tfgpt2 runs as a command: `_startup`). The other names
 below are imported on first use.
 """
 import importlib
 
-from ._startup import as_command, quietly
+from ._startup import as_command, quietly, without_plots
 
-with quietly(as_command()):  # TensorFlow's start-up lines off a command's terminal
+with quietly(as_command()), without_plots(as_command()):  # a command's start: no TensorFlow lines, no plots
     from . import model  # noqa: F401  registers the Keras classes
 
 _EXPORTS = {
