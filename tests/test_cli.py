@@ -248,7 +248,6 @@ def test_python_m_tfgpt2_train_keeps_its_name_and_the_forks_flags(tmp_path):
         assert flag in child.stdout
 
 
-
 @pytest.mark.slow
 def test_a_command_starts_without_matplotlib_and_a_program_keeps_it(tmp_path):
     """Keras imports matplotlib.pyplot as TensorFlow starts, for its plots: a command (here the
@@ -268,6 +267,7 @@ print(before, plot_image_gallery.plt is not None)
                                capture_output=True, text=True, timeout=120)
         assert child.returncode == 0, child.stderr[-3000:]
         assert child.stdout.split() == expected.split(), (first, child.stdout)
+
 
 # Nothing lost, nothing replaced: what each command writes over, and its one-line errors
 

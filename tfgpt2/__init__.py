@@ -4,8 +4,8 @@
 registers GPT2 and its layers with Keras, so that `keras.models.load_model("gpt2.keras")` of a
 saved tfgpt2 model needs nothing more (Keras looks the classes up by their registered names,
 "tfgpt2>GPT2", and imports no module to find them). It also means `import tfgpt2` imports
-TensorFlow and Keras (quietly, and without matplotlib, where tfgpt2 runs as a command: `_startup`). The other names
-below are imported on first use.
+TensorFlow and Keras (quietly, and without matplotlib, where tfgpt2 runs as a command:
+`_startup`). The other names below are imported on first use.
 """
 import importlib
 

@@ -54,5 +54,5 @@ def without_plots(command):
     try:
         yield
     finally:
-        if "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
+        if sys.modules.get("matplotlib", False) is None:
             del sys.modules["matplotlib"]
