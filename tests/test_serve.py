@@ -3,7 +3,7 @@ server for the module, a child process on the tiny model (n_ctx 64) with 4 slots
 whose answers are held to `tfgpt2.generate` on each prompt alone (in this process), the text
 streams to the one-shot decoding of their tokens, and log-probabilities to NumPy's over the
 model's logits; hostile and slow clients meet its limits while it serves others. The SIGTERM
-test ends the server (a test after it starts another: any order passes)."""
+test ends a server of its own (`Servers.alone`), so the tests pass in any order."""
 import asyncio
 import collections
 import concurrent.futures
