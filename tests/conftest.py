@@ -18,8 +18,10 @@ why the files that compile most run in a process of their own (`own_process`,
 tests/own_process.py), as does 124M-shaped work (`helpers.in_child`): each worker stays under
 4 GB (TFGPT2_MEMORY_LOG shows it, `log_memory`).
 XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
-by workers and children. On a GPU, the workers share it (TF_FORCE_GPU_ALLOW_GROWTH); tests
-marked `gpu` need one and skip, saying so, where TensorFlow sees none.
+by workers and children, and compiled with cheaper flags than XLA's defaults (XLA_FLAGS:
+test_xla_flags.py bounds what they change). On a GPU, the workers share it
+(TF_FORCE_GPU_ALLOW_GROWTH); tests marked `gpu` need one and skip, saying so, where TensorFlow
+sees none.
 """
 import atexit
 import collections
@@ -56,6 +58,13 @@ if "tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     _flags = os.environ.get("TF_XLA_FLAGS", "")
     os.environ["TF_XLA_FLAGS"] = f"{_flags} --tf_xla_persistent_cache_directory={_cache}".strip()
+# Compiling is most of the suite's time: its programs are small and run briefly. XLA's CPU backend
+# compiles them in about half the CPU time with its older fusion code generator and without LLVM's
+# optimizations (tests/test_sample.py: 120 s of CPU against 203 s). The same operations: float32
+# results move by float32 rounding, which test_xla_flags.py measures against XLA's defaults
+for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0"):
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
