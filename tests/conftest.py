@@ -62,9 +62,12 @@ if "tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "")
 # compiles them in about half the CPU time with its older fusion code generator and without LLVM's
 # optimizations (tests/test_sample.py: 120 s of CPU against 203 s). The same operations: float32
 # results move by float32 rounding, which test_xla_flags.py measures against XLA's defaults
-for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0"):
-    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
+# (TFGPT2_TEST_XLA_FLAGS: the flags set here, where the user's XLA_FLAGS leave them to the suite)
+if "TFGPT2_TEST_XLA_FLAGS" not in os.environ:  # a child pytest (tests/own_process.py) has its parent's
+    _ours = [flag for flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0")
+             if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]
+    os.environ["TFGPT2_TEST_XLA_FLAGS"] = " ".join(_ours)
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *_ours]).strip()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

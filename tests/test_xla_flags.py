@@ -20,7 +20,6 @@ from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # a TensorFlow process of its own
 
-SUITE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0")
 SCALE = 5e-5
 PROMPTS = [[464, 3797, 3332, 319], [6109, 3626, 6100, 345, 284]]
 
@@ -59,9 +58,10 @@ def write(model_dir, path):
 
 
 def test_the_suites_xla_flags_change_results_by_rounding_only(wide_dir, tmp_path):
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    assert set(SUITE_FLAGS) <= set(flags), flags  # conftest set them for this process
-    defaults = " ".join(flag for flag in flags if flag not in SUITE_FLAGS)
+    cheaper = os.environ.get("TFGPT2_TEST_XLA_FLAGS", "").split()  # conftest's, in XLA_FLAGS
+    if not cheaper:
+        pytest.skip("XLA_FLAGS sets what the suite's flags would: the tests compile as it says")
+    defaults = " ".join(flag for flag in os.environ["XLA_FLAGS"].split() if flag not in cheaper)
     path = tmp_path / "defaults.npz"
     run = subprocess.run([sys.executable, "-c", f"from tests.test_xla_flags import write; write({str(wide_dir)!r}, "
                           f"{str(path)!r})"], cwd=ROOT, env=dict(os.environ, XLA_FLAGS=defaults, PYTHONPATH=str(ROOT)),
