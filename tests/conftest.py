@@ -19,7 +19,7 @@ tests/own_process.py), as does 124M-shaped work (`helpers.in_child`): each worke
 4 GB (TFGPT2_MEMORY_LOG shows it, `log_memory`).
 XLA's compiled programs are kept on disk for the run (TF_XLA_FLAGS' persistent cache), shared
 by workers and children, and compiled with cheaper flags than XLA's defaults (XLA_FLAGS:
-test_xla_flags.py bounds what they change). On a GPU, the workers share it
+test_xla_flags.py bounds what they change). On a GPU, the workers share the device
 (TF_FORCE_GPU_ALLOW_GROWTH); tests marked `gpu` need one and skip, saying so, where TensorFlow
 sees none.
 """
