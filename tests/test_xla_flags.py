@@ -27,10 +27,11 @@ PROMPTS = [[464, 3797, 3332, 319], [6109, 3626, 6100, 345, 284]]
 def results(model_dir):
     """What the programs compute on the model at `model_dir` (numpy arrays): greedy tokens and
     their log-probabilities, sampled tokens (top-k, top-p, penalties), the logits of a compiled
-    forward pass and the gradients of a compiled training loss."""
+    forward pass and the gradients of the forks' loss (`lm_loss`)."""
     import tensorflow as tf
 
     from tfgpt2 import generate, load_model
+    from tfgpt2.train.losses import lm_loss
     model = load_model(model_dir)
     greedy = generate(model, PROMPTS, 8, temperature=0.0, logprobs=2)
     sampled = generate(model, PROMPTS, 8, temperature=1.0, top_k=40, top_p=0.9, seed=3,
@@ -41,7 +42,7 @@ def results(model_dir):
     def forward_and_gradients(tokens):
         with tf.GradientTape() as tape:
             logits = model(tokens)["logits"]
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(tokens[:, 1:], logits[:, :-1]))
+            loss = lm_loss(tokens[:, 1:], logits[:, :-1])  # the forks' loss, as fine-tuning compiles it
         return logits, tape.gradient(loss, model.trainable_weights)
     logits, gradients = forward_and_gradients(tf.constant(tokens))
     steps = [step for row in greedy for step in row.logprobs]  # (its log-probability, [(id, theirs)])
