@@ -13,6 +13,9 @@ def test_groups_follow_the_tensorflow_op():
     assert group_of("MatMul", "gradient_tape/model_1/MatMul/MatMul_1") == "output layer"
     assert group_of("AssignVariableOp", "adam/AssignVariableOp_12") == "optimizer"
     assert group_of("Tanh", "model_1/h0_1/mlp_1/Tanh") == "other"
+    assert group_of("Cumsum", "while/sampling/cond/Cumsum") == "sampling"  # tfgpt2.decoding.step's scope
+    assert group_of("Sub", "sampling_1/sub") == "sampling"
+    assert group_of("Sub", "while/h0_1/attn_1/resampling/sub") == "other"
 
 
 def test_op_times_counts_xla_operations_on_any_thread(tmp_path):
@@ -58,12 +61,16 @@ def profile(tmp_path, model_dir, *args):
 def test_profile_of_generation(tiny_dir, tmp_path):
     data = profile(tmp_path, tiny_dir, "generate", "--batch", "2", "--length", "24")
     assert data["title"] == "Where the time goes: generate" and data["settings"]["length"] == 24
+    groups = {g["group"]: g["ms"] for g in rows(data, 0)}
+    assert groups["sampling"] > 0 and groups["output layer"] > 0 and groups["optimizer"] == 0
 
 
 @pytest.mark.slow
 def test_profile_of_training(tiny_dir, tmp_path):
     data = profile(tmp_path, tiny_dir, "train", "--batch", "2", "--length", "16", "--steps", "2")
     assert data["settings"]["mode"] == "train" and "2 Adam steps on 2 x 16 tokens" in data["notes"][0]
+    groups = {g["group"]: g["ms"] for g in rows(data, 0)}
+    assert groups["optimizer"] > 0 and groups["sampling"] == 0
 
 
 @pytest.mark.slow
@@ -75,7 +82,7 @@ def test_profile_of_a_server_decode_call(tiny_dir, tmp_path):
     assert "2 decode calls of 2 of 4 slots over 64 positions" in data["notes"][0]
     # the slots' programs name their products as the model does: each group a step has is found
     assert groups["block weights"] > 0 and groups["attention"] > 0 and groups["output layer"] > 0
-    assert groups["optimizer"] == 0
+    assert groups["sampling"] > 0 and groups["optimizer"] == 0
 
 
 @pytest.mark.parametrize("argv, message", [

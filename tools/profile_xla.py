@@ -17,8 +17,9 @@ XLA runs the operations of a program one after another, each spread over the cor
 except where independent ones overlap, so their times add up to about the wall time. Each
 operation is put in a group by the TensorFlow op it came from (its name in XLA's optimized
 HLO, written with `--xla_dump_to`): the block weights' products, attention's products, the
-output layer's products (with `wte`), the optimizer's update, and the rest (norms, GELU,
-softmax, sampling, cache writes). The report
+output layer's products (with `wte`), the optimizer's update, the step's sampling (the
+controls, the filters and the draw: `tfgpt2.decoding.step`), and the rest (norms, GELU,
+softmax, cache writes). The report
 (tools/report.py: the groups, and the longest operations) goes to `--report DIR` as
 `--name`.json and .md (default profile-<mode>).
 """
@@ -36,7 +37,7 @@ try:
 except ImportError:  # run as `python tools/profile_xla.py`: this folder is on sys.path
     import report
 
-GROUPS = ("block weights", "attention", "output layer", "optimizer", "other")
+GROUPS = ("block weights", "attention", "output layer", "optimizer", "sampling", "other")
 
 
 def group_of(op_type, op_name):
@@ -44,6 +45,8 @@ def group_of(op_type, op_name):
     product = op_type in ("MatMul", "BatchMatMulV2", "Einsum", "XlaDot", "XlaDotV2")
     if re.search(r"Adam|optimizer|AssignVariableOp|AssignSubVariableOp|AssignAddVariableOp", op_name + op_type):
         return "optimizer"
+    if re.search(r"(^|/)sampling(_\d+)?/", op_name):  # tfgpt2.decoding.step: the controls and the draw
+        return "sampling"
     if product and re.search(r"/(c_attn|c_proj|c_fc)", op_name):
         return "block weights"
     if product and "/attn" in op_name:

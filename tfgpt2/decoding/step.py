@@ -98,7 +98,13 @@ def step(logits, state, controls, *, filters=(True, True), top=None):
     """One new token for each row of `state` still running (`finish` 0), from the model's
     `logits` [B, n_vocab]: (tokens [B] (`eot` for ended rows), the new state, and, where `top`
     (a Python int, at most MAX_LOGPROBS) is given, (the log-probability of each token, the `top`
-    most likely ids and theirs) of the model's distribution, before the controls)."""
+    most likely ids and theirs) of the model's distribution, before the controls). Its
+    operations are named under "sampling/" (tools/profile_xla.py times them as one group)."""
+    with tf.name_scope("sampling"):
+        return _step(logits, state, controls, filters, top)
+
+
+def _step(logits, state, controls, filters, top):
     running = tf.equal(state["finish"], 0)
     count = state["count"]
     adjusted = control.adjusted(logits, controls, state)
