@@ -1,7 +1,7 @@
 """tools/profile_xla.py: the XLA operations of a step, timed and put in groups."""
 import pytest
 
-from tools.profile_xla import GROUPS, group_of, op_times
+from tools.profile_xla import GROUPS, group_of, hlo_groups, op_times
 from tests.helpers import assert_report, rows, run_tool
 
 
@@ -16,6 +16,38 @@ def test_groups_follow_the_tensorflow_op():
     assert group_of("Cumsum", "while/sampling/cond/Cumsum") == "sampling"  # tfgpt2.decoding.step's scope
     assert group_of("Sub", "sampling_1/sub") == "sampling"
     assert group_of("Sub", "while/h0_1/attn_1/resampling/sub") == "other"
+
+
+HLO = """HloModule a_inference_step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+%fused_computation.1 (param_0: f32[4]) -> f32[4] {
+  %param_0 = f32[4]{0} parameter(0)
+  ROOT %sub.1 = f32[4]{0} subtract(%param_0, %param_0), metadata={op_type="Sub" op_name="while/sampling/cond_2/sub"}
+}
+
+%while_sampling_cond_2_true_12__.7 (arg_tuple.1: (f32[4,16])) -> (s32[4]) {
+  %wrapped_reduce-window.3 = f32[4,1,16]{2,1,0} fusion(%a, %b), kind=kLoop, calls=%wrapped_reduce-window_computation.3
+}
+
+%while_body_5__.9 (arg_tuple.2: (f32[4,16])) -> (f32[4,16]) {
+  %copy.2 = f32[4,16]{1,0} copy(%get-tuple-element.1)
+  %dot.4 = f32[4,1,1]{2,1,0} dot(%a, %b), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}
+  ROOT %XlaDotV2.1 = f32[4,64]{1,0} dot(%h, %w), metadata={op_type="XlaDotV2" op_name="while/h0_1/mlp_1/c_fc_1/XlaDotV2"}
+}
+
+ENTRY %main.10 (Arg_0.1: f32[4]) -> f32[4] {
+  ROOT %copy.9 = f32[4]{0} copy(%Arg_0.1)
+}
+"""
+
+
+def test_hlo_groups_follow_the_op_or_the_sampling_computation(tmp_path):
+    """An instruction takes its TensorFlow op's group; one XLA made (without an op) is in
+    "other", but a batched product's (attention) and one in a computation of the sampling's."""
+    (tmp_path / "module_0000.a_inference_step.cpu_after_optimizations.txt").write_text(HLO)
+    assert hlo_groups(str(tmp_path)) == {
+        "param_0": "other", "sub.1": "sampling", "wrapped_reduce-window.3": "sampling", "copy.2": "other",
+        "dot.4": "attention", "XlaDotV2.1": "block weights", "copy.9": "other"}
 
 
 def test_op_times_counts_xla_operations_on_any_thread(tmp_path):

@@ -57,22 +57,29 @@ def group_of(op_type, op_name):
 
 
 def hlo_groups(dump_dir):
-    """{instruction name: group} over the optimized HLO modules XLA wrote to dump_dir (an
-    instruction without a TensorFlow op, such as a copy XLA added, is in "other", except
-    batched products)."""
+    """{instruction name: group} over the optimized HLO modules XLA wrote to dump_dir. An
+    instruction without a TensorFlow op (XLA's own: a copy, a rewritten cumulative sum) is in
+    "other", except batched products (attention's, at one row) and what runs in a computation
+    of the sampling's (a branch of its conditionals, named after them)."""
     groups = {}
+    computation = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) ')
     instruction = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = ')
     op = re.compile(r'metadata=\{op_type="([^"]*)" op_name="([^"]*)"')
     for path in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")):
+        within = ""
         with open(path) as f:
             for line in f:
                 m = instruction.match(line)
-                if m:
-                    tf_op = op.search(line)
-                    if tf_op:
-                        groups[m.group(1)] = group_of(*tf_op.groups())
-                    else:  # XLA's own; a batched product it rewrote (attention's, at one row) has no op
-                        groups[m.group(1)] = "attention" if " dot(" in line and "lhs_batch_dims" in line else "other"
+                if not m:
+                    within = computation.match(line).group(1) if computation.match(line) else within
+                    continue
+                tf_op = op.search(line)
+                if tf_op:
+                    groups[m.group(1)] = group_of(*tf_op.groups())
+                elif " dot(" in line and "lhs_batch_dims" in line:
+                    groups[m.group(1)] = "attention"
+                else:
+                    groups[m.group(1)] = "sampling" if re.search(r"(^|_)sampling(_\d+)?_", within) else "other"
     return groups
 
 

@@ -42,10 +42,12 @@ def slot_cache(model, slots, length):
 
 
 def slot_dtype(model):
-    """What a slot cache holds: the compute dtype's values; a 16-bit dtype's bits (uint16): XLA's
-    CPU backend writes rows of a 16-bit float block (a scatter) by converting the whole block
-    to float32 and back, at each step (a bitcast of the rows read and written is free)."""
-    return tf.uint16 if tf.as_dtype(model.compute_dtype).size == 2 else model.compute_dtype
+    """What a slot cache holds: the compute dtype's values, a 16-bit dtype's widened to float32
+    (exactly). XLA's CPU backend gives attention's products a 16-bit block as a float32 copy of
+    the whole block, made at each step (at 16 slots over 256 positions, a third of a bfloat16
+    decode call), and writes a row of one by converting the whole block to float32 and back; a
+    float32 block goes to the products as it is, at twice the bytes."""
+    return tf.float32 if tf.as_dtype(model.compute_dtype).size == 2 else model.compute_dtype
 
 
 def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, table=None):
@@ -104,13 +106,12 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
 
     def write(old, new):  # old: a layer's blocks; new [rows * heads, T, head_dim]
         stored, row = list(old), tf.repeat(rows, shape_list(new)[1])
-        values = bitcast(tf.reshape(new, [-1, shape_list(new)[2]]), old[0].dtype)  # as the blocks hold them
+        values = tf.cast(tf.reshape(new, [-1, shape_list(new)[2]]), old[0].dtype)  # as the blocks hold them
         for j in range(blocks):
             offset = at - j * BLOCK
             offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
             stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), values)
-        read = [bitcast(b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows), new.dtype)
-                for b in stored[:blocks]]
+        read = [b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
         return tuple(stored), read
     return through_blocks(model, X, positions, mask, cache, write, layouts, head=head, every_position=every_position)
 
@@ -210,11 +211,6 @@ def project(conv, x, layout):
         return tf.reshape(y + tf.cast(conv.b, x.dtype), start + [conv.nf])
 
 
-def bitcast(x, dtype):
-    """x as `dtype` (`tf.bitcast`, a type of its width), or x itself where it is one."""
-    return x if x.dtype == dtype else tf.bitcast(x, dtype)
-
-
 def write_cache(cache, update, index):
     """cache[:, index:index+n] = update, for cache [batch * heads, T, features]; under XLA in
     place in the loop's buffer."""
@@ -224,11 +220,16 @@ def write_cache(cache, update, index):
 def cached_attn(q, k, v, mask, *, tf32=False):
     """`multihead_attn` over the cache: q [batch, heads, n, features], k and v lists of blocks
     [batch * heads, T_j, features] (the positions in order). The products read the cache as it
-    is: a reshape or slice of it between its update and a product makes XLA copy it."""
+    is: a reshape or slice of it between its update and a product makes XLA copy it. Blocks held
+    wider than q (a 16-bit model's slots: `slot_dtype`) are multiplied at their dtype, q and the
+    probabilities widened, each product rounded to q's dtype: the numbers of q's own products,
+    which XLA's CPU backend runs in float32."""
     batch, heads, n, features = shape_list(q)
     q = tf.reshape(q, [batch * heads, n, features])
-    w = tf.concat([matmul(q, block, transpose_b=True, tf32=tf32) for block in k], axis=-1)
+    held = k[0].dtype
+    w = tf.concat([tf.cast(matmul(tf.cast(q, held), block, transpose_b=True, tf32=tf32), q.dtype) for block in k],
+                  axis=-1)
     w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
     parts = tf.split(tf.reshape(w, [batch * heads, n, -1]), [shape_list(block)[1] for block in v], axis=-1)
-    a = tf.add_n([matmul(part, block, tf32=tf32) for part, block in zip(parts, v)])
+    a = tf.add_n([tf.cast(matmul(tf.cast(part, held), block, tf32=tf32), q.dtype) for part, block in zip(parts, v)])
     return tf.reshape(a, [batch, heads, n, features])
