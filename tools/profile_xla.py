@@ -71,7 +71,8 @@ def hlo_groups(dump_dir):
             for line in f:
                 m = instruction.match(line)
                 if not m:
-                    within = computation.match(line).group(1) if computation.match(line) else within
+                    header = computation.match(line)
+                    within = header.group(1) if header else within
                     continue
                 tf_op = op.search(line)
                 if tf_op:

@@ -227,8 +227,8 @@ def cached_attn(q, k, v, mask, *, tf32=False):
     batch, heads, n, features = shape_list(q)
     q = tf.reshape(q, [batch * heads, n, features])
     held = k[0].dtype
-    w = tf.concat([tf.cast(matmul(tf.cast(q, held), block, transpose_b=True, tf32=tf32), q.dtype) for block in k],
-                  axis=-1)
+    q_held = tf.cast(q, held)
+    w = tf.concat([tf.cast(matmul(q_held, block, transpose_b=True, tf32=tf32), q.dtype) for block in k], axis=-1)
     w = attn_probs(tf.reshape(w, [batch, heads, n, -1]), mask, features)
     parts = tf.split(tf.reshape(w, [batch * heads, n, -1]), [shape_list(block)[1] for block in v], axis=-1)
     a = tf.add_n([tf.cast(matmul(tf.cast(part, held), block, tf32=tf32), q.dtype) for part, block in zip(parts, v)])
