@@ -23,7 +23,7 @@ from tfgpt2.decoding.buckets import bucket_sizes
 from tfgpt2.decoding import batch as whole_batch
 from tfgpt2.decoding import step
 from tfgpt2.decoding.request import check_request
-from tfgpt2.decoding.sampler import choose
+from tfgpt2.decoding.sampler import CDF_BLOCK, choose, inverse_cdf
 from tfgpt2.sample import generate, sample_sequence, top_k_logits, top_p_logits
 from tfgpt2.seeds import seed_of
 
@@ -611,6 +611,46 @@ def test_distribution_matches_softmax(temperature):
     expected = np.exp(logits / temperature) / np.exp(logits / temperature).sum() * n
     chi2 = ((counts - expected) ** 2 / expected).sum()
     assert chi2 < 31.26, f"chi-square {chi2:.1f} >= 31.26 (df 11, p = 0.001)"
+
+
+@pytest.mark.parametrize("n", [12, CDF_BLOCK, 3 * CDF_BLOCK + 77])
+def test_inverse_cdf_is_the_quantile_of_the_weights(n):
+    """At evenly spaced u (in [0, 1)), each index is picked as often as its share of the weights,
+    to one either way (a float64 inverse CDF): whole blocks, the tail and a vocabulary under a
+    block, weights of very different sizes and zero ones (filtered tokens) never picked."""
+    rng = np.random.default_rng(n)
+    weights = np.exp(rng.normal(size=n) * 3).astype(np.float32)
+    weights[rng.random(n) < 0.4] = 0
+    draws = 20_000
+    u = ((np.arange(draws) + 0.5) / draws).astype(np.float32)
+    got = tf.function(inverse_cdf, jit_compile=True)(tf.constant(np.repeat(weights[None], draws, 0)), tf.constant(u))
+    counts = np.bincount(got.numpy(), minlength=n)
+    assert len(counts) == n and counts[weights == 0].sum() == 0
+    share = weights.astype(np.float64) / weights.astype(np.float64).sum()
+    assert np.abs(counts - share * draws).max() <= 1, np.abs(counts - share * draws).max()
+
+
+def test_inverse_cdf_picks_a_token_of_weight_above_zero_at_the_ends():
+    """u 0 gives each row's first token of weight > 0 and u just under 1 its last, where it
+    lies: in the first block, in a later one, in the tail (past the whole blocks), or alone."""
+    n = 3 * CDF_BLOCK + 77
+    weights = np.zeros([5, n], np.float32)
+    for row, places in enumerate([[0, 5], [CDF_BLOCK + 3, 2 * CDF_BLOCK + 9], [3 * CDF_BLOCK + 1, n - 1], [n - 2],
+                                  [7, CDF_BLOCK, n - 1]]):
+        weights[row, places] = np.float32(1e-30) if row == 4 else 1.0
+        weights[4, CDF_BLOCK] = 1.0  # row 4: most weight in the middle, tiny weights at the ends
+    pick = tf.function(inverse_cdf, jit_compile=True)
+    first = pick(tf.constant(weights), tf.zeros([5])).numpy()
+    last = pick(tf.constant(weights), tf.fill([5], np.float32(1 - 2 ** -24))).numpy()
+    assert first.tolist() == [0, CDF_BLOCK + 3, 3 * CDF_BLOCK + 1, n - 2, 7]
+    assert last.tolist() == [5, 2 * CDF_BLOCK + 9, n - 1, n - 2, CDF_BLOCK]
+    # rows whose last block's running sum (summed in another order than its sum) ends short of
+    # u times the total: still the last token of weight > 0, not one past it
+    rng = np.random.default_rng(0)
+    weights = np.exp(rng.normal(size=[4096, n]) * 2).astype(np.float32)
+    weights[:, rng.random(n) < 0.3] = 0
+    last = pick(tf.constant(weights), tf.fill([4096], np.float32(1 - 2 ** -24))).numpy()
+    assert (last == np.flatnonzero(weights[0])[-1]).all(), np.unique(last)
 
 
 @pytest.mark.slow

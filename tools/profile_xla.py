@@ -137,8 +137,9 @@ def generate_run(model, args):
 
 def serve_run(model, args):
     """`--steps` decode calls of `--batch` rows, as the server's step over that many sequences
-    (a sampled token each, temperature 1) at the window's last position."""
+    (a sampled token each, temperature 1, no penalties) at the window's last position."""
     import numpy as np
+    from tfgpt2.decoding import controls as control
     from tfgpt2.decoding.slots import FLOATS, INTS, Slots
     from tfgpt2.serve.scheduler import window
     hp = model.hparams
@@ -150,7 +151,8 @@ def serve_run(model, args):
     ints.update(token=np.ones(args.batch, np.int32), position=np.full(args.batch, args.window - 1, np.int32),
                 budget=np.ones(args.batch, np.int32), length=np.full(args.batch, hp.n_ctx, np.int32))
     floats = {name: np.zeros(args.batch, np.float32) for name in FLOATS}
-    floats.update(temperature=np.ones(args.batch, np.float32), top_p=np.ones(args.batch, np.float32))
+    floats.update(temperature=np.ones(args.batch, np.float32), top_p=np.ones(args.batch, np.float32),
+                  **{name: np.full(args.batch, off, np.float32) for name, off in control.OFF.items()})
     ints, floats = np.stack([ints[n] for n in INTS]), np.stack([floats[n] for n in FLOATS])
     seed = np.arange(args.batch, dtype=np.int64)
 

@@ -1,5 +1,5 @@
 """The sampler: one token per row from the logits, greedy or drawn after temperature, top-k,
-top-p and min-p, by inverse CDF with a stateless uniform (`choose`); the original's
+top-p and min-p, by inverse CDF with a stateless uniform (`choose`, `inverse_cdf`); the original's
 `top_k_logits` and `top_p_logits` (`tfgpt2.sample` shows them beside `sample_sequence`).
 
 Nothing here sorts the vocabulary: on a CPU a sort of 50,257 logits costs about 10 ms per row,
@@ -10,6 +10,7 @@ import tensorflow as tf
 
 FILTERED = -1e10  # the original's value for logits that top-k / top-p remove
 UNROLLED = 64  # up to this many rows, each row's uniform is its own op; more rows: one loop over them
+CDF_BLOCK = 256  # the inverse CDF's blocks (`inverse_cdf`)
 
 
 def _order_key(x):
@@ -81,6 +82,42 @@ def min_p_logits(logits, min_p):
     return tf.where(keep, logits, tf.cast(FILTERED, logits.dtype))
 
 
+def inverse_cdf(weights, u):
+    """Per row of `weights` [batch, n] (>= 0, some > 0), the first index at which the running
+    sum of the weights exceeds u [batch] (in [0, 1)) times their total: in two passes, no running
+    sum over the whole row (XLA's CPU backend makes a cumulative sum of 50,257 values a
+    multi-pass reduce-window, most of a step's sampling). The sums of CDF_BLOCK weights at a time
+    and their running sum give the block the index falls in; that block's own running sum gives
+    the index, which always holds a weight > 0 (the block's last such index where its running
+    sum, summed in another order, ends short of its sum)."""
+    n = weights.shape[-1]
+    whole = n // CDF_BLOCK * CDF_BLOCK  # the weights in whole blocks; the rest are one more block
+    sums = []  # [batch, blocks]: each block's sum
+    if whole:
+        sums.append(tf.reduce_sum(tf.reshape(weights[:, :whole], [tf.shape(weights)[0], -1, CDF_BLOCK]), -1))
+    if whole < n:
+        sums.append(tf.reduce_sum(weights[:, whole:], -1, keepdims=True))
+    sums = tf.concat(sums, 1)
+    ends = tf.cumsum(sums, -1)  # the running sum at each block's end
+    target = u * ends[:, -1]
+    block = _count(ends <= target[:, None])  # target < the total: a block of weight > 0
+    before = tf.where(block > 0, tf.gather(ends, tf.maximum(block - 1, 0), batch_dims=1), 0.0)
+    index = block[:, None] * CDF_BLOCK + tf.range(CDF_BLOCK)
+    inside = tf.where(index < n, tf.gather(weights, tf.minimum(index, n - 1), batch_dims=1), 0.0)
+    cdf = before[:, None] + tf.cumsum(inside, -1)
+    return block * CDF_BLOCK + tf.minimum(_count(cdf <= target[:, None]), _last(inside > 0))
+
+
+def _count(x):
+    """Per row, how many of x [batch, n] (bool) hold."""
+    return tf.reduce_sum(tf.cast(x, tf.int32), -1)
+
+
+def _last(x):
+    """Per row, the last index at which x [batch, n] (bool) holds (-1: none)."""
+    return tf.reduce_max(tf.where(x, tf.range(tf.shape(x)[-1]), -1), -1)
+
+
 @tf.function(jit_compile=True, autograph=False)
 def _uniform(n, seed):
     """n stateless uniforms for `seed`, always computed by XLA: TensorFlow's own kernel draws
@@ -116,10 +153,8 @@ def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True), min
         if min_p is not None:
             filtered = tf.cond(tf.reduce_any(min_p > 0), lambda: min_p_logits(filtered, min_p), lambda: filtered)
         weights = tf.exp(filtered - tf.reduce_max(filtered, axis=-1, keepdims=True))
-        cdf = tf.cumsum(weights, axis=-1)
-        u = _uniform(tf.shape(cdf)[0], seed) * cdf[:, -1]
-        token = tf.reduce_sum(tf.cast(cdf <= u[:, None], tf.int32), axis=-1)
-        return tf.where(drawn, tf.minimum(token, tf.shape(logits)[-1] - 1), greedy())
+        token = inverse_cdf(weights, _uniform(tf.shape(weights)[0], seed))
+        return tf.cond(tf.reduce_all(drawn), lambda: token, lambda: tf.where(drawn, token, greedy()))
 
     def greedy():
         return tf.argmax(logits, axis=-1, output_type=tf.int32)
