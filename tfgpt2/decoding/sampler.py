@@ -40,8 +40,7 @@ def top_k_logits(logits, k):
     k=0 keeps everything. k may be a tensor, one for all rows or one per row [batch]."""
     def _top_k():
         key = _order_key(logits)
-        count = lambda t: tf.reduce_sum(tf.cast(key >= t[:, None], tf.int32), axis=-1)  # noqa: E731
-        kth = _bisect(tf.reduce_min(key, -1), tf.reduce_max(key, -1), lambda t: count(t) >= k)
+        kth = _bisect(tf.reduce_min(key, -1), tf.reduce_max(key, -1), lambda t: _count(key >= t[:, None]) >= k)
         min_values = tf.where(tf.equal(k, 1), tf.reduce_max(logits, -1), _value_at_key(logits, key, kth))
         return _filtered(logits, tf.where(tf.equal(k, 0), -np.inf, min_values))
     k = tf.minimum(tf.cast(k, tf.int32), tf.shape(logits)[-1])
