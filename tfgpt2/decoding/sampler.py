@@ -85,10 +85,10 @@ def inverse_cdf(weights, u):
     """Per row of `weights` [batch, n] (>= 0, some > 0), the first index at which the running
     sum of the weights exceeds u [batch] (in [0, 1)) times their total: in two passes, no running
     sum over the whole row (XLA's CPU backend makes a cumulative sum of 50,257 values a
-    multi-pass reduce-window, most of a step's sampling). The sums of CDF_BLOCK weights at a time
-    and their running sum give the block the index falls in; that block's own running sum gives
-    the index, which always holds a weight > 0 (the block's last such index where its running
-    sum, summed in another order, ends short of its sum)."""
+    multi-pass reduce-window, half of a 16-slot server step's sampling). The sums of CDF_BLOCK
+    weights at a time and their running sum give the block the index falls in; that block's own
+    running sum gives the index, which always holds a weight > 0 (the block's last such index
+    where its running sum, summed in another order, ends short of its sum)."""
     n = weights.shape[-1]
     whole = n // CDF_BLOCK * CDF_BLOCK  # the weights in whole blocks; the rest are one more block
     sums = []  # [batch, blocks]: each block's sum
