@@ -141,7 +141,7 @@ def test_defaults_leave_the_loop_as_it_was(tiny, monkeypatch):
         def weights_for(self, length, batch, prompt_len):
             return None
 
-        def generate_padded(self, weights, prompt, pad, tokens, length, controls, filters, top):
+        def run(self, weights, prompt, pad, tokens, length, controls, filters, top):
             asked.append((sorted(controls), filters, top))
             rows = prompt.shape[0]
             return dict(tokens=tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1), count=tf.fill([rows], length),

@@ -112,6 +112,27 @@ def test_library(library, model, dtype, prompts):
         assert_eager(model, dtype, prompt, row.new_tokens.tolist(), [lp for lp, _ in row.logprobs])
 
 
+def test_a_bfloat16_prompt_read_apart_from_xla(model, dtype, prompts, enc, monkeypatch):
+    """Where the CPU has BF16 instructions (forced here, on any CPU) a bfloat16 prompt's pass runs
+    outside XLA, on TensorFlow's kernels (`Generator.prompt_apart`), the loop in XLA after it:
+    the library's completions, whole and streamed, are still greedy by the eager logits. int8
+    reads its prompt in XLA."""
+    from tfgpt2 import generate
+    from tfgpt2.decoding import layouts
+    from tfgpt2.decoding.generator import generator_for
+    monkeypatch.setattr(layouts, "native_bfloat16", lambda: True)
+    generator = generator_for(model)
+    assert generator.prompt_apart(8) is (dtype == "bfloat16") and not generator.prompt_apart(1)
+    if dtype == "bfloat16":  # neither XLA program that reads a prompt is there to run
+        monkeypatch.setattr(generator, "generate_padded", None)
+        monkeypatch.setattr(generator, "start", None)
+    rows = generate(model, prompts, LENGTH, temperature=0, logprobs=1, encoder=enc)
+    for prompt, row in zip(prompts, rows):
+        assert_eager(model, dtype, prompt, row.new_tokens.tolist(), [lp for lp, _ in row.logprobs])
+    streamed = list(generate(model, prompts, LENGTH, temperature=0, encoder=enc, stream=True))
+    assert ["".join(texts) for texts in zip(*streamed)] == [row.text for row in rows]
+
+
 def test_generate_command_prints_the_library_text(tiny_dir, library, dtype, asked, capsys):
     from tfgpt2.cli import generate
     for prompt, row in zip(PROMPTS, library):

@@ -302,7 +302,7 @@ class Asked:
     def weights_for(self, length, batch, prompt_len):
         return None
 
-    def generate_padded(self, weights, prompt, pad, tokens, length, controls, filters, top):
+    def run(self, weights, prompt, pad, tokens, length, controls, filters, top):
         self.filters.append(filters)
         tokens = tf.concat([prompt, tokens[:, prompt.shape[1]:]], axis=1)
         rows = tokens.shape[0]
@@ -346,6 +346,17 @@ def test_a_one_token_prompt_compiles_the_loop_alone(tiny, loop_graph):
     assert one_len == 1 and five_len > 1 and one > 0 and five == 2 * one, (one, five)
 
 
+@pytest.mark.parametrize("flags, native", [("fpu avx2 avx512f avx512_bf16 fma", True), ("fpu avx2 amx_bf16", True),
+                                           ("fpu avx2 avx512f avx512_vnni avx512_fp16", False), (None, False)])
+def test_native_bfloat16_reads_the_cpus_flags(tmp_path, flags, native):
+    """BF16 instructions are AVX-512 BF16's or AMX's, as /proc/cpuinfo names them; no such file
+    (not Linux), none."""
+    info = tmp_path / "cpuinfo"
+    if flags is not None:
+        info.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert layouts.native_bfloat16(str(info)) is native
+
+
 def test_transpose_policy():
     """The planner's rule, whatever device the tests run on."""
     assert bool(transpose_pays(16, cpu=True))
@@ -368,13 +379,19 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     assert generator_for(model, jit_compile=False).weights_for(16, 2, 5) == (None, None)
     bf16_model = load_model(wide_dir, dtype="bfloat16")
     sixteen = generator_for(bf16_model)
-    prompt, steps = sixteen.weights_for(16, 1, 5)  # the prompt: float32 copies; one row: its 16-bit [nf, nx] ones
-    assert [w.dtype for (w,) in prompt[0]] == [tf.float32] * 4 and [w.dtype for w in steps[0]] == [tf.bfloat16] * 4
-    assert sixteen.weights_for(16, 1, 1)[0] is None  # a one-token prompt has no pass to read copies
-    prompt, steps = sixteen.weights_for(15, 1, 1)  # too few steps for another layout: the float32 copies
-    assert prompt is steps and [w.dtype for (w,) in steps[0]] == [tf.float32] * 4
-    prompt, steps = sixteen.weights_for(16, 2, 5)
-    assert prompt is steps and [w.dtype for w in steps[0]] == [tf.float32] * 4
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layouts, "native_bfloat16", lambda: False)  # a CPU without BF16 instructions
+        prompt, steps = sixteen.weights_for(16, 1, 5)  # the prompt: float32 copies; one row: its 16-bit [nf, nx] ones
+        assert [w.dtype for (w,) in prompt[0]] == [tf.float32] * 4 and [w.dtype for w in steps[0]] == [tf.bfloat16] * 4
+        assert sixteen.weights_for(16, 1, 1)[0] is None  # a one-token prompt has no pass to read copies
+        prompt, steps = sixteen.weights_for(15, 1, 5)  # too few steps for another layout: the float32 copies
+        assert prompt is steps and [w.dtype for (w,) in steps[0]] == [tf.float32] * 4
+        prompt, steps = sixteen.weights_for(16, 2, 5)
+        assert prompt is steps and [w.dtype for w in steps[0]] == [tf.float32] * 4
+        patch.setattr(layouts, "native_bfloat16", lambda: True)  # with them, the prompt's pass apart: no copies
+        for length, batch in ((16, 1), (15, 1), (16, 2)):
+            prompt, steps = sixteen.weights_for(length, batch, 5)
+            assert prompt is None and steps is not None and sixteen.prompt_apart(5)
     prompts = prompts_for(12, [3, 1, 6])
     copies, transposed = [], gen.transposed
     gen.transposed = lambda: copies.append(1) or transposed()

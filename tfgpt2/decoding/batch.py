@@ -74,10 +74,10 @@ class _Loop:
         self.generator, self.controls, self.filters, self.top = generator, controls, filters, top
 
     def run(self, args, length):
-        return self.generator.generate_padded(*args, tf.constant(length), self.controls, self.filters, self.top)
+        return self.generator.run(*args, tf.constant(length), self.controls, self.filters, self.top)
 
     def start(self, args):
-        return self.generator.start(*args, self.controls, self.top)
+        return self.generator.begin(*args, self.controls, self.top)
 
     def resume(self, weights, state, pad, prompt_len, until):
         return self.generator.resume(weights, state, pad, tf.constant(prompt_len), tf.constant(until), self.controls,

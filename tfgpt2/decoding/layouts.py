@@ -4,10 +4,14 @@ Decoding spends its time reading the weights. XLA's CPU backend multiplies a few
 [nx, nf] weight on one core; by a copy of it as [nf, nx] (`transposed`), or as k products over
 slices of nx at one row (`split`, no copy), on all of them (docs/performance.md); a 16-bit
 model's one row reads a 16-bit copy as [nf, nx] (`transposed` in its dtype), and its prompt a
-float32 copy (`widened`). On a GPU the layer's own product is the fast one, so none of this is
-used there. Same numbers either way (the 16-bit copy's products sum in another order: to a
-rounding of the logits).
+float32 copy (`widened`); on a CPU with BF16 instructions (`native_bfloat16`) a bfloat16 prompt
+reads none, its pass run outside XLA, where TensorFlow's kernels multiply bfloat16 natively.
+On a GPU the layer's own product is the fast one, so none of this is used there. Same numbers
+either way (the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
+import functools
+import re
+
 import tensorflow as tf
 
 TRANSPOSE_FROM = 16  # new tokens from which another layout repays its copy
@@ -19,6 +23,19 @@ def transpose_pays(length, *, cpu, jit_compile=True):
     TRANSPOSE_FROM new tokens on (above batch 1 they repay the copy: 340 MB for 124M, freed
     after the call). `length` may be a tensor."""
     return tf.logical_and(bool(cpu and jit_compile), length >= TRANSPOSE_FROM)
+
+
+@functools.lru_cache(maxsize=None)
+def native_bfloat16(cpuinfo="/proc/cpuinfo"):
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX, as `cpuinfo`
+    names them). TensorFlow's own kernels (oneDNN) then multiply a prompt's rows in bfloat16
+    faster than in float32; XLA's CPU backend multiplies bfloat16 as float32 on any CPU."""
+    try:
+        with open(cpuinfo) as f:
+            flags = re.search(r"^flags\s*:(.*)$", f.read(), re.M)
+    except OSError:
+        return False
+    return flags is not None and not {"avx512_bf16", "amx_bf16"}.isdisjoint(flags.group(1).split())
 
 
 def usable(model):
