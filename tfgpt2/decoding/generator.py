@@ -81,7 +81,7 @@ class Generator:
         """Whether the pass over a prompt of `prompt_len` tokens runs outside XLA (`start_plain`,
         by `run` and `begin`): a bfloat16 model's on a CPU with BF16 instructions, where
         TensorFlow's kernels multiply bfloat16 natively, and XLA's as float32
-        (`layouts.native_bfloat16`; a 512-token prompt of 124M 1.2x as fast). The loop stays in XLA."""
+        (`layouts.native_bfloat16`). The loop stays in XLA."""
         return (prompt_len > 1 and self.jit_compile and self.model.compute_dtype == "bfloat16" and cpus_only()
                 and layouts.native_bfloat16())
 
@@ -89,7 +89,7 @@ class Generator:
         """`generate_padded`, its prompt's pass apart where `prompt_apart`."""
         if not self.prompt_apart(shape_list(prompt)[1]):
             return self.generate_padded(weights, prompt, pad, tokens, length, controls, filters, top)
-        state = self.begin(weights, prompt, pad, tokens, controls, top)
+        state = self.start_plain(weights, prompt, pad, tokens, controls, top)
         state = self.resume(weights, state, pad, tf.constant(shape_list(prompt)[1]), length, controls, filters, top)
         return {k: v for k, v in state.items() if k in OUTPUTS}
 
