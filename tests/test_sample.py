@@ -111,16 +111,19 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
 
 @pytest.mark.slow
 def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wide_dir):
-    """`layouts.transposed` in bfloat16: a bfloat16 model's block weights as [nf, nx] in bfloat16; a cached
-    step at one row that reads them under XLA gives the logits of the step that reads the
-    layers' own weights, to a rounding of the bfloat16 logits (the products sum in another
-    order); so do a prompt and a step that read `layouts.widened`."""
+    """`layouts.one_row16`: a bfloat16 model's block weights as [nf, nx] in bfloat16, attention's
+    c_proj as a float32 [nx, nf]; a cached step at one row that reads them under XLA gives the
+    logits of the step that reads the layers' own weights, to a rounding of the bfloat16 logits
+    (the products sum in another order); so do a prompt and a step that read `layouts.widened`."""
     model = load_model(wide_dir, dtype="bfloat16")
     hp = model.hparams
-    weights = layouts.transposed(model, tf.bfloat16)
-    assert [(tuple(w.shape), w.dtype) for w in weights[0]] == [
-        ((3 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, hp.n_embd), tf.bfloat16),
+    weights = layouts.one_row16(model)
+    c_proj, = weights[0][1]
+    assert [(tuple(w.shape), w.dtype) for w in (weights[0][0], c_proj, *weights[0][2:])] == [
+        ((3 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, hp.n_embd), tf.float32),
         ((4 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, 4 * hp.n_embd), tf.bfloat16)]
+    np.testing.assert_array_equal(weights[0][0].numpy(), tf.transpose(model.h[0].attn.c_attn.w[0]).numpy())
+    np.testing.assert_array_equal(c_proj.numpy(), tf.cast(model.h[0].attn.c_proj.w[0], tf.float32).numpy())
 
     widened = layouts.widened(model)  # its prompt's: float32 copies [nx, nf]
     assert [(tuple(w.shape), w.dtype) for (w,) in widened[0]] == [
@@ -381,8 +384,9 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     sixteen = generator_for(bf16_model)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(layouts, "native_bfloat16", lambda: False)  # a CPU without BF16 instructions
-        prompt, steps = sixteen.weights_for(16, 1, 5)  # the prompt: float32 copies; one row: its 16-bit [nf, nx] ones
-        assert [w.dtype for (w,) in prompt[0]] == [tf.float32] * 4 and [w.dtype for w in steps[0]] == [tf.bfloat16] * 4
+        prompt, steps = sixteen.weights_for(16, 1, 5)  # the prompt: float32 copies; one row: `one_row16`
+        assert [w.dtype for (w,) in prompt[0]] == [tf.float32] * 4
+        assert [tf.nest.flatten(w)[0].dtype for w in steps[0]] == [tf.bfloat16, tf.float32, tf.bfloat16, tf.bfloat16]
         assert sixteen.weights_for(16, 1, 1)[0] is None  # a one-token prompt has no pass to read copies
         prompt, steps = sixteen.weights_for(15, 1, 5)  # too few steps for another layout: the float32 copies
         assert prompt is steps and [w.dtype for (w,) in steps[0]] == [tf.float32] * 4

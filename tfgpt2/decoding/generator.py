@@ -39,8 +39,7 @@ class Generator:
             tf.function(self._counted(f), jit_compile=jit_compile, autograph=False)
             for f in (self._generate, self._start, self._resume))
         self.transposed = tf.function(lambda: layouts.transposed(self.model), autograph=False)
-        self.transposed16 = tf.function(lambda: layouts.transposed(self.model, self.model.compute_dtype),
-                                         autograph=False)
+        self.one_row16 = tf.function(lambda: layouts.one_row16(self.model), autograph=False)
         self.widened = tf.function(lambda: layouts.widened(self.model), autograph=False)
         # the pass over a prompt outside XLA, where it is faster there (`prompt_apart`)
         self.start_plain = tf.function(self._counted(self._start), jit_compile=False, autograph=False)
@@ -64,7 +63,7 @@ class Generator:
         weights are float; else (None, None). A float32 model, where `layouts.transpose_pays`:
         at batch 1 `layouts.split` (no copy, and faster there), at more rows `transposed()`. A
         16-bit model: `widened()` for its prompt, and for its steps where no other layout pays;
-        where one does, `transposed16()` at batch 1, `transposed()` for both at more rows; none for
+        where one does, `one_row16()` at batch 1, `transposed()` for both at more rows; none for
         a prompt whose pass runs apart (`prompt_apart`)."""
         if not (layouts.usable(self.model) and cpus_only() and self.jit_compile):
             return None, None
@@ -72,7 +71,7 @@ class Generator:
         if self.model.compute_dtype == "float32":
             weights = None if not pays else layouts.split(self.model) if batch == 1 else self.transposed()
             return weights, weights
-        steps = (self.transposed() if batch > 1 else self.transposed16()) if pays else self.widened()
+        steps = (self.transposed() if batch > 1 else self.one_row16()) if pays else self.widened()
         if prompt_len == 1 or self.prompt_apart(prompt_len):
             return None, steps  # no pass (`_start`), or one apart, by the layers' own weights
         return steps if batch > 1 or not pays else self.widened(), steps

@@ -3,8 +3,8 @@
 Decoding spends its time reading the weights. XLA's CPU backend multiplies a few rows by a
 [nx, nf] weight on one core; by a copy of it as [nf, nx] (`transposed`), or as k products over
 slices of nx at one row (`split`, no copy), on all of them (docs/performance.md); a 16-bit
-model's one row reads a 16-bit copy as [nf, nx] (`transposed` in its dtype), and its prompt a
-float32 copy (`widened`); on a CPU with BF16 instructions (`native_bfloat16`) a bfloat16 prompt
+model's one row reads 16-bit copies as [nf, nx] (`one_row16`), and its prompt float32 copies
+(`widened`); on a CPU with BF16 instructions (`native_bfloat16`) a bfloat16 prompt
 reads none, its pass run outside XLA, where TensorFlow's kernels multiply bfloat16 natively.
 On a GPU the layer's own product is the fast one, so none of this is used there. Same numbers
 either way (the 16-bit copy's products sum in another order: to a rounding of the logits).
@@ -49,9 +49,18 @@ def transposed(model, dtype=tf.float32):
     them needs an optimization barrier), in float32 by default: at more rows XLA's CPU backend
     multiplies 16-bit operands as float32 copies, which it would otherwise make again at each
     call (at each token of a server's step); so the same numbers, read at float32's cost. In a
-    16-bit model's own `dtype`, for one row (`cache.project`): each output's weights in a row,
-    converted as the product reads them (docs/performance.md); 170 MB for 124M."""
-    return [tuple(tf.transpose(tf.reshape(tf.cast(model.as_compute(conv.w), dtype), [-1, conv.nf]))
+    16-bit model's own `dtype`, for one row (`one_row16`)."""
+    return [tuple(_transposed(conv, model, dtype) for conv in convs(block)) for block in model.h]
+
+
+def one_row16(model):
+    """A 16-bit model's block weights for one row (`cache.project`): each a copy as [nf, nx] in
+    its dtype, each output's weights in a row, converted as the product reads them (170 MB for
+    124M), but attention's `c_proj`, a float32 copy [nx, nf] (as `widened`'s): XLA's CPU backend
+    reads the 16-bit copy of that square weight at a fraction of the others' bytes per second,
+    and its float32 copy at about the memory's rate (docs/performance.md)."""
+    dtype = model.compute_dtype
+    return [tuple((_widened(conv, model),) if conv is block.attn.c_proj else _transposed(conv, model, dtype)
                   for conv in convs(block)) for block in model.h]
 
 
@@ -61,7 +70,15 @@ def widened(model):
     XLA's CPU backend would convert each 16-bit weight inside the program at each call, several
     times slower than TensorFlow makes these (340 MB for 124M, freed after the call). The same
     numbers: XLA multiplies 16-bit operands as float32 anyway."""
-    return [tuple((tf.cast(model.as_compute(conv.w)[0], tf.float32),) for conv in convs(block)) for block in model.h]
+    return [tuple((_widened(conv, model),) for conv in convs(block)) for block in model.h]
+
+
+def _transposed(conv, model, dtype):
+    return tf.transpose(tf.reshape(tf.cast(model.as_compute(conv.w), dtype), [-1, conv.nf]))
+
+
+def _widened(conv, model):
+    return tf.cast(model.as_compute(conv.w)[0], tf.float32)
 
 
 def head(model):
