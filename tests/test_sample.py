@@ -15,6 +15,7 @@ from tensorflow.compiler.xla import xla_data_pb2
 from tests.helpers import ATOL, chi_square, filtered_softmax, prompts_for
 from tfgpt2 import load_model
 from tfgpt2.model import Conv1D
+from tfgpt2.products import cpus_only
 from tfgpt2.decoding import layouts
 from tfgpt2.decoding.cache import call_with_cache, empty_cache, project
 from tfgpt2.decoding.layouts import SPLIT_K, transpose_pays
@@ -107,6 +108,34 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
         prefill, step = two_steps(tf.constant(tokens), weights_used)
         np.testing.assert_allclose(prefill.numpy()[0], full[0, 4], atol=ATOL, rtol=0)
         np.testing.assert_allclose(step.numpy()[0], full[0, 5], atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_16_bit_models_generation_holds_its_cache_in_float32_on_a_cpu(wide_dir):
+    """On a CPU a bfloat16 model's generation holds its cache in float32 (`cache.slot_dtype`:
+    XLA's CPU backend would convert a 16-bit cache whole at each step), its bfloat16 values
+    exactly: the prompt's keys and values as a bfloat16 cache holds them, and the next step's
+    logits over it those over a bfloat16 cache."""
+    if not cpus_only():
+        pytest.skip("the cache is held in float32 on a CPU only")
+    model = load_model(wide_dir, dtype="bfloat16")
+    prompt_len, generator, (weights, prompt, pad, tokens, _, controls) = loop_args(model, 1, 6, 16)
+    prompt = tf.constant(prompts_for(11, [prompt_len]))
+    held = generator.start(weights, prompt, pad, tokens, controls)["cache"]
+    assert {part.dtype for layer in held for part in layer} == {tf.float32}
+
+    @tf.function(jit_compile=True, autograph=False)
+    def prompt_then_step(cache):
+        _, cache = call_with_cache(model, prompt[:, :-1], cache, 0)
+        return cache, call_with_cache(model, prompt[:, -1:], cache, prompt_len - 1)[0]
+
+    own, logits = prompt_then_step(empty_cache(model, 1, tokens.shape[1]))
+    assert {part.dtype for layer in own for part in layer} == {tf.bfloat16}
+    for held_part, own_part in zip(tf.nest.flatten(held), tf.nest.flatten(own)):
+        np.testing.assert_array_equal(held_part.numpy(), tf.cast(own_part, tf.float32).numpy())
+    _, widened = prompt_then_step(empty_cache(model, 1, tokens.shape[1], tf.float32))
+    assert np.abs(logits.numpy()).max() > 1  # logits of std 0.1 weights, not near-uniform ones
+    np.testing.assert_allclose(widened.numpy(), logits.numpy(), atol=BF16_STEP * np.abs(logits.numpy()).max(), rtol=0)
 
 
 @pytest.mark.slow

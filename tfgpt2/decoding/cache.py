@@ -42,11 +42,12 @@ def slot_cache(model, slots, length):
 
 
 def slot_dtype(model):
-    """What a slot cache holds: the compute dtype's values, a 16-bit dtype's widened to float32
-    (exactly). XLA's CPU backend gives attention's products a 16-bit block as a float32 copy of
-    the whole block, made at each step (at 16 slots over 256 positions, a third of a bfloat16
-    decode call), and writes a row of one by converting the whole block to float32 and back; a
-    float32 block goes to the products as it is, at twice the bytes."""
+    """What a slot cache holds (and, on a CPU, `generator`'s cache): the compute dtype's values,
+    a 16-bit dtype's widened to float32 (exactly). XLA's CPU backend gives attention's products
+    a 16-bit block as a float32 copy of the whole block, made at each step (at 16 slots over 256
+    positions, a third of a bfloat16 decode call; at one row, a time per token that grows with
+    the positions held), and writes a row of one by converting the whole block to float32 and
+    back; a float32 block goes to the products as it is, at twice the bytes."""
     return tf.float32 if tf.as_dtype(model.compute_dtype).size == 2 else model.compute_dtype
 
 
@@ -64,7 +65,7 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
                        offset=cache_index, pad=pad)
 
     def write(old, new):
-        stored = write_cache(old, new, cache_index)
+        stored = write_cache(old, tf.cast(new, old.dtype), cache_index)  # as the cache holds them
         return stored, [stored]
     return through_blocks(model, X, padded_positions(X, cache_index, pad), mask, cache, write, layouts, table)
 

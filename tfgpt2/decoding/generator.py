@@ -14,7 +14,7 @@ from ..model import shape_list
 from ..products import cpus_only
 from . import layouts, quiet_retracing
 from . import step as per_token
-from .cache import call_with_cache, empty_cache
+from .cache import call_with_cache, empty_cache, slot_dtype
 
 
 class Generator:
@@ -114,7 +114,8 @@ class Generator:
         `sample_sequence`: the state `_resume` continues from that token, so that the sampler
         is compiled once, in the loop."""
         batch, prompt_len = shape_list(prompt)
-        cache = empty_cache(self.model, batch, shape_list(tokens)[1])
+        # on a CPU, a 16-bit model's cache held in float32, as a server's slots hold theirs
+        cache = empty_cache(self.model, batch, shape_list(tokens)[1], slot_dtype(self.model) if cpus_only() else None)
         if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `buckets.bucket_sizes`
             _, cache = call_with_cache(self.model, prompt[:, :-1], cache, 0, pad=pad, layouts=weights[0])
         state = dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
