@@ -111,18 +111,20 @@ def test_weight_layouts_give_the_same_logits(wide_dir):
 
 
 @pytest.mark.slow
-def test_a_16_bit_models_generation_holds_its_cache_in_float32_on_a_cpu(wide_dir):
-    """On a CPU a bfloat16 model's generation holds its cache in float32 (`cache.slot_dtype`:
-    XLA's CPU backend would convert a 16-bit cache whole at each step), its bfloat16 values
-    exactly: the prompt's keys and values as a bfloat16 cache holds them, and the next step's
-    logits over it those over a bfloat16 cache."""
+def test_a_16_bit_models_generation_holds_its_cache_in_float32_under_xla_on_a_cpu(wide_dir):
+    """Under XLA on a CPU a bfloat16 model's generation holds its cache in float32
+    (`cache.slot_dtype`: XLA's CPU backend would convert a 16-bit cache whole at each step), its
+    bfloat16 values exactly: the prompt's keys and values as a bfloat16 cache holds them, and the
+    next step's logits over it those over a bfloat16 cache. Without XLA it holds bfloat16."""
     if not cpus_only():
-        pytest.skip("the cache is held in float32 on a CPU only")
+        pytest.skip("the cache is held in float32 under XLA on a CPU only")
     model = load_model(wide_dir, dtype="bfloat16")
     prompt_len, generator, (weights, prompt, pad, tokens, _, controls) = loop_args(model, 1, 6, 16)
     prompt = tf.constant(prompts_for(11, [prompt_len]))
     held = generator.start(weights, prompt, pad, tokens, controls)["cache"]
     assert {part.dtype for layer in held for part in layer} == {tf.float32}
+    plain = generator_for(model, jit_compile=False).start((None, None), prompt, pad, tokens, controls)["cache"]
+    assert {part.dtype for layer in plain for part in layer} == {tf.bfloat16}  # TensorFlow's kernels read 16 bits
 
     @tf.function(jit_compile=True, autograph=False)
     def prompt_then_step(cache):

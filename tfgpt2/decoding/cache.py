@@ -42,7 +42,7 @@ def slot_cache(model, slots, length):
 
 
 def slot_dtype(model):
-    """What a slot cache holds (and, on a CPU, `generator`'s cache): the compute dtype's values,
+    """What a slot cache holds (and, under XLA on a CPU, `generator`'s): the compute dtype's values,
     a 16-bit dtype's widened to float32 (exactly). XLA's CPU backend gives attention's products
     a 16-bit block as a float32 copy of the whole block, made at each step (at 16 slots over 256
     positions, a third of a bfloat16 decode call; at one row, a time per token that grows with

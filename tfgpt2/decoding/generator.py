@@ -114,8 +114,9 @@ class Generator:
         `sample_sequence`: the state `_resume` continues from that token, so that the sampler
         is compiled once, in the loop."""
         batch, prompt_len = shape_list(prompt)
-        # on a CPU, a 16-bit model's cache held in float32, as a server's slots hold theirs
-        cache = empty_cache(self.model, batch, shape_list(tokens)[1], slot_dtype(self.model) if cpus_only() else None)
+        # under XLA on a CPU, a 16-bit model's cache held in float32, as a server's slots hold theirs
+        wide = self.jit_compile and cpus_only()
+        cache = empty_cache(self.model, batch, shape_list(tokens)[1], slot_dtype(self.model) if wide else None)
         if prompt.shape[1] != 1:  # unknown where the SavedModel traces it: see `buckets.bucket_sizes`
             _, cache = call_with_cache(self.model, prompt[:, :-1], cache, 0, pad=pad, layouts=weights[0])
         state = dict(i=tf.constant(0), token=prompt[:, -1], cache=cache,
