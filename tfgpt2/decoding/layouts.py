@@ -44,13 +44,12 @@ def usable(model):
     return not any(conv.quantization_mode for block in model.h for conv in convs(block))
 
 
-def transposed(model, dtype=tf.float32):
+def transposed(model):
     """Each block's four Conv1D weights copied as [nf, nx] (XLA only: the product that reads
-    them needs an optimization barrier), in float32 by default: at more rows XLA's CPU backend
-    multiplies 16-bit operands as float32 copies, which it would otherwise make again at each
-    call (at each token of a server's step); so the same numbers, read at float32's cost. In a
-    16-bit model's own `dtype`, for one row (`one_row16`)."""
-    return [tuple(_transposed(conv, model, dtype) for conv in convs(block)) for block in model.h]
+    them needs an optimization barrier), in float32: at more rows XLA's CPU backend multiplies
+    16-bit operands as float32 copies, which it would otherwise make again at each call (at each
+    token of a server's step); so the same numbers, read at float32's cost."""
+    return [tuple(_transposed(conv, model, tf.float32) for conv in convs(block)) for block in model.h]
 
 
 def one_row16(model):
