@@ -1,7 +1,7 @@
 """tools/profile_xla.py: the XLA operations of a step, timed and put in groups."""
 import pytest
 
-from tools.profile_xla import GROUPS, group_of, hlo_groups, op_times
+from tools.profile_xla import GROUPS, WEIGHTS, group_of, hlo_groups, hlo_weights, op_times, weight_of
 from tests.helpers import assert_report, rows, run_tool
 
 
@@ -16,6 +16,14 @@ def test_groups_follow_the_tensorflow_op():
     assert group_of("Cumsum", "while/sampling/cond/Cumsum") == "sampling"  # tfgpt2.decoding.step's scope
     assert group_of("Sub", "sampling_1/sub") == "sampling"
     assert group_of("Sub", "while/h0_1/attn_1/resampling/sub") == "other"
+
+
+def test_a_products_block_weight_follows_the_tensorflow_op():
+    assert weight_of("while/h3_1/mlp_1/c_fc_1/MatMul") == "mlp/c_fc"
+    assert weight_of("while/h0/attn/c_proj/MatMul") == "attn/c_proj"
+    assert weight_of("while/h0_1/mlp/c_proj/XlaDotV2") == "mlp/c_proj"
+    assert weight_of("gradient_tape/model_1/h0_1/attn_1/c_attn_1/MatMul/MatMul") == "attn/c_attn"
+    assert weight_of("while/h1_1/attn_1/MatMul_1") is None and weight_of("while/MatMul") is None
 
 
 HLO = """HloModule a_inference_step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
@@ -48,6 +56,7 @@ def test_hlo_groups_follow_the_op_or_the_sampling_computation(tmp_path):
     assert hlo_groups(str(tmp_path)) == {
         "param_0": "other", "sub.1": "sampling", "wrapped_reduce-window.3": "sampling", "copy.2": "other",
         "dot.4": "attention", "XlaDotV2.1": "block weights", "copy.9": "other"}
+    assert hlo_weights(str(tmp_path)) == {"XlaDotV2.1": "mlp/c_fc"}  # the block weights' products only
 
 
 def test_op_times_counts_xla_operations_on_any_thread(tmp_path):
@@ -95,6 +104,10 @@ def test_profile_of_generation(tiny_dir, tmp_path):
     assert data["title"] == "Where the time goes: generate" and data["settings"]["length"] == 24
     groups = {g["group"]: g["ms"] for g in rows(data, 0)}
     assert groups["sampling"] > 0 and groups["output layer"] > 0 and groups["optimizer"] == 0
+    # each of a block's four products, at each of the tiny model's layers, adding up to their group
+    weights = rows(data, 2)
+    assert [w["weight"] for w in weights] == list(WEIGHTS) and all(w["ms"] > 0 for w in weights)
+    assert sum(w["ms"] for w in weights) == pytest.approx(groups["block weights"])
 
 
 @pytest.mark.slow

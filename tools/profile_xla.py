@@ -19,9 +19,9 @@ operation is put in a group by the TensorFlow op it came from (its name in XLA's
 HLO, written with `--xla_dump_to`): the block weights' products, attention's products, the
 output layer's products (with `wte`), the optimizer's update, the step's sampling (the
 controls, the filters and the draw: `tfgpt2.decoding.step`), and the rest (norms, GELU,
-softmax, cache writes). The report
-(tools/report.py: the groups, and the longest operations) goes to `--report DIR` as
-`--name`.json and .md (default profile-<mode>).
+softmax, cache writes). The report (tools/report.py: the groups, the longest operations, and
+the block weights' products by the weight each reads, a block's four summed over the blocks)
+goes to `--report DIR` as `--name`.json and .md (default profile-<mode>).
 """
 import argparse
 import collections
@@ -38,6 +38,7 @@ except ImportError:  # run as `python tools/profile_xla.py`: this folder is on s
     import report
 
 GROUPS = ("block weights", "attention", "output layer", "optimizer", "sampling", "other")
+WEIGHTS = ("attn/c_attn", "attn/c_proj", "mlp/c_fc", "mlp/c_proj")  # a block's, in the order it reads them
 
 
 def group_of(op_type, op_name):
@@ -54,6 +55,26 @@ def group_of(op_type, op_name):
     if product:
         return "output layer"
     return "other"
+
+
+def weight_of(op_name):
+    """The block weight a product's TensorFlow op reads ("attn/c_attn", "attn/c_proj",
+    "mlp/c_fc", "mlp/c_proj"), from its name; None for another op."""
+    m = re.search(r"/(attn|mlp)(?:_\d+)?/(c_attn|c_proj|c_fc)(?:_\d+)?/", op_name)
+    return m and f"{m.group(1)}/{m.group(2)}"
+
+
+def hlo_weights(dump_dir):
+    """{instruction name: the block weight it multiplies by (`weight_of`)} over the block
+    weights' products in the optimized HLO modules XLA wrote to dump_dir."""
+    weights = {}
+    instruction = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*metadata=\{op_type="([^"]*)" op_name="([^"]*)"')
+    for path in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")):
+        with open(path) as f:
+            for m in filter(None, map(instruction.match, f)):
+                if group_of(m.group(2), m.group(3)) == "block weights":
+                    weights[m.group(1)] = weight_of(m.group(3))
+    return weights
 
 
 def hlo_groups(dump_dir):
@@ -190,10 +211,13 @@ GROUP_COLUMNS = [report.column("group", "group"), report.column("ms", "ms", ".3f
                  report.column("share", "share", ".0%")]
 OP_COLUMNS = [report.column("operation", "operation"), report.column("group", "group"),
               report.column("ms", "ms", ".2f")]
+WEIGHT_COLUMNS = [report.column("weight", "block weight"), report.column("ms", "ms", ".3f"),
+                  report.column("operations", "operations")]
 
 
-def summary(wall, times, groups, top=12):
-    """(facts, group rows, longest operations' rows), times in ms per unit."""
+def summary(wall, times, groups, weights, top=12):
+    """(facts, group rows, longest operations' rows, block weights' rows), times in ms per unit;
+    `weights` as `hlo_weights` gives them."""
     by_group = collections.Counter()
     for name, seconds in times.items():
         by_group[groups.get(name, "other")] += seconds
@@ -205,7 +229,9 @@ def summary(wall, times, groups, top=12):
     group_rows = [{"group": g, "ms": by_group[g] * 1e3, "share": by_group[g] / total} for g in GROUPS]
     op_rows = [{"operation": name, "group": groups.get(name, "other"), "ms": seconds * 1e3}
                for name, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:top]]
-    return facts, group_rows, op_rows
+    weight_rows = [{"weight": w, "ms": sum(s for n, s in times.items() if weights.get(n) == w) * 1e3,
+                    "operations": sum(1 for n in times if weights.get(n) == w)} for w in WEIGHTS]
+    return facts, group_rows, op_rows, weight_rows
 
 
 def main(argv=None):
@@ -227,10 +253,10 @@ def main(argv=None):
     args.name = args.name.replace("<mode>", args.mode)
     dump_dir = tempfile.mkdtemp(prefix="profile_xla_")
     try:
-        wall, times, groups = run_profile(args, dump_dir)
+        wall, times, groups, weights = run_profile(args, dump_dir)
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
-    facts, group_rows, op_rows = summary(wall, times, groups)
+    facts, group_rows, op_rows, weight_rows = summary(wall, times, groups, weights)
     _, unit, what, keys = MODES[args.mode]
     what = what.format(**vars(args))
     notes = [f"One profiled run ({what}) after a warm-up one; ms per {unit}. Wall {facts['wall_ms']:.1f} ms; "
@@ -239,12 +265,15 @@ def main(argv=None):
     settings = {k: getattr(args, k) for k in ("model_dir", "mode", "batch") + keys}
     settings.update(facts)
     report.publish(args, f"Where the time goes: {args.mode}", [report.table(GROUP_COLUMNS, group_rows, "By group"),
-                   report.table(OP_COLUMNS, op_rows, "Longest operations")], tool=__file__, argv=argv,
+                   report.table(OP_COLUMNS, op_rows, "Longest operations"),
+                   report.table(WEIGHT_COLUMNS, weight_rows, "Block weights, by the weight read")],
+                   tool=__file__, argv=argv,
                    settings=settings, notes=notes)
 
 
 def run_profile(args, dump_dir):
-    """(wall seconds per unit, {operation: seconds per unit}, {operation: group})."""
+    """(wall seconds per unit, {operation: seconds per unit}, {operation: group}, {operation:
+    block weight})."""
     # both read when XLA first compiles: this process's own settings, added to the user's
     os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_xprof_traceme=true",
                                                       f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text")))
@@ -252,7 +281,7 @@ def run_profile(args, dump_dir):
     model = load_model(args.model_dir, dtype=args.dtype)
     run, units = MODES[args.mode][0](model, args)
     wall, times = profiled(run, units)
-    return wall, times, hlo_groups(dump_dir)
+    return wall, times, hlo_groups(dump_dir), hlo_weights(dump_dir)
 
 
 if __name__ == "__main__":
