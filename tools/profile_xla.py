@@ -64,25 +64,32 @@ def weight_of(op_name):
     return m and f"{m.group(1)}/{m.group(2)}"
 
 
-def hlo_weights(dump_dir):
-    """{instruction name: the block weight it multiplies by (`weight_of`)} over the block
-    weights' products in the optimized HLO modules XLA wrote to dump_dir."""
-    weights = {}
-    instruction = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*metadata=\{op_type="([^"]*)" op_name="([^"]*)"')
-    for path in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")):
-        with open(path) as f:
-            for m in filter(None, map(instruction.match, f)):
-                if group_of(m.group(2), m.group(3)) == "block weights":
-                    weights[m.group(1)] = weight_of(m.group(3))
-    return weights
-
-
 def hlo_groups(dump_dir):
     """{instruction name: group} over the optimized HLO modules XLA wrote to dump_dir. An
     instruction without a TensorFlow op (XLA's own: a copy, a rewritten cumulative sum) is in
     "other", except batched products (attention's, at one row) and what runs in a computation
     of the sampling's (a branch of its conditionals, named after them)."""
     groups = {}
+    for name, within, tf_op, line in hlo_instructions(dump_dir):
+        if tf_op:
+            groups[name] = group_of(*tf_op)
+        elif " dot(" in line and "lhs_batch_dims" in line:
+            groups[name] = "attention"
+        else:
+            groups[name] = "sampling" if re.search(r"(^|_)sampling(_\d+)?_", within) else "other"
+    return groups
+
+
+def hlo_weights(dump_dir):
+    """{instruction name: the block weight it multiplies by (`weight_of`)} over the block
+    weights' products in the optimized HLO modules XLA wrote to dump_dir."""
+    return {name: weight_of(tf_op[1]) for name, _, tf_op, _ in hlo_instructions(dump_dir)
+            if tf_op and group_of(*tf_op) == "block weights"}
+
+
+def hlo_instructions(dump_dir):
+    """(name, the computation it is in, (its TensorFlow op's type, name) or None, its line) of
+    each instruction of the optimized HLO modules XLA wrote to dump_dir."""
     computation = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) ')
     instruction = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = ')
     op = re.compile(r'metadata=\{op_type="([^"]*)" op_name="([^"]*)"')
@@ -96,13 +103,7 @@ def hlo_groups(dump_dir):
                     within = header.group(1) if header else within
                     continue
                 tf_op = op.search(line)
-                if tf_op:
-                    groups[m.group(1)] = group_of(*tf_op.groups())
-                elif " dot(" in line and "lhs_batch_dims" in line:
-                    groups[m.group(1)] = "attention"
-                else:
-                    groups[m.group(1)] = "sampling" if re.search(r"(^|_)sampling(_\d+)?_", within) else "other"
-    return groups
+                yield m.group(1), within, tf_op and tf_op.groups(), line
 
 
 def op_times(logdir):
