@@ -367,6 +367,15 @@ def long_model(tmp_path_factory):
         ).override_from_dict(dict(TINY, n_ctx=128)), std=0.3, seed=1))
 
 
+def test_the_warm_up_decodes_over_each_window_of_the_first_quarter_and_the_whole_context():
+    """GPT-2's context: a decode step's own program over 64, 128, 192 and 256 positions (where
+    most steps run) and the whole context's; contexts of a block or less: the whole only."""
+    from tfgpt2.decoding.slots import windows
+    assert windows(1024) == [64, 128, 192, 256, 1024]
+    assert windows(128) == [64, 128] and windows(65) == [64, 65]
+    assert windows(64) == [64] and windows(40) == [40]
+
+
 @pytest.mark.slow
 def test_the_warm_up_prefills_a_first_chunk_over_its_own_blocks(long_model):
     """A context of two blocks: besides the whole context's, a prefill of the longest chunk over

@@ -102,21 +102,20 @@ class Slots:
 
     def warm(self, widths):
         """Compiles the programs that stand in for every other (`programs`): a decode step at each
-        of `widths` rows over the whole context and over its first quarter (where most sequences
-        run, until the background has compiled their own: the whole context's blocks cost a
-        sequence alone a fifth more time on 124M, and outweigh the weights at many rows); at the
-        widest, one with the slots' whole stop shapes; a prefill of the longest chunk over the
+        of `widths` rows over each of `windows` (the first quarter's, where most sequences run,
+        each its own: under a load that keeps the cores busy the background compiles slowly, and
+        a wider window's blocks cost a step more time, most at many rows); at the widest, one
+        with the slots' whole stop shapes; a prefill of the longest chunk over the
         whole context (scored and not), and over its own first blocks (a prompt's first chunk:
         most prompts' only one), each of one prompt and (not scored) of `prefill_rows`; `admit`
         and `move`."""
         n_ctx = self.model.hparams.n_ctx
-        quarter = min(blocks_for(n_ctx // 4) * BLOCK, n_ctx)
         first = min(blocks_for(self.chunk) * BLOCK, n_ctx)
         whole = ((MAX_STOPS, MAX_STOP_BYTES) if hasattr(self, "vocabulary_bytes") else None, (MAX_STOPS, STOP_TOKENS))
         rows = [specs_of(np.zeros([len(INTS), w], np.int32), np.zeros([len(FLOATS), w], np.float32),
                          np.zeros(w, np.int64)) for w in widths]
         decode = [key_of("decode", specs, dict(window=window, stops=(None, None))) for w, specs in zip(widths, rows)
-                  for window in dict.fromkeys([n_ctx, quarter])]
+                  for window in windows(n_ctx)]
         tokens = np.zeros(self.chunk, np.int32)
         prefill = [key_of("prefill", specs_of(np.zeros([k, self.chunk], np.int32), np.zeros([2, k], np.int32),
                                               *[tokens] * score), dict(window=window))
@@ -353,6 +352,13 @@ class Slots:
         """The first `blocks` blocks of every layer's keys and values (all: None), in
         `tf.nest.flatten` order."""
         return tf.nest.flatten([tuple(part[:blocks] for part in layer) for layer in self.cache])
+
+
+def windows(n_ctx):
+    """The attention windows the warm-up compiles a decode step over: each of whole blocks of the
+    cache (`cache.BLOCK`: 64, 128, 192, ...) up to a quarter of n_ctx, and n_ctx."""
+    quarter = min(blocks_for(n_ctx // 4) * BLOCK, n_ctx)
+    return list(dict.fromkeys([*range(BLOCK, quarter + 1, BLOCK), quarter, n_ctx]))
 
 
 def stop_shape(request):
