@@ -163,7 +163,7 @@ def serve_run(model, args):
     import numpy as np
     from tfgpt2.decoding import controls as control
     from tfgpt2.decoding.slots import FLOATS, INTS, Slots
-    from tfgpt2.serve.scheduler import window
+    from tfgpt2.decoding.cache import window
     hp = model.hparams
     if args.window != window(args.window, hp.n_ctx):
         raise SystemExit(f"--window {args.window}: a step's window is whole blocks of the cache (64, 128, ...), "

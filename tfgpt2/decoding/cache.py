@@ -33,6 +33,12 @@ def blocks_for(positions):
     return -(-positions // BLOCK)
 
 
+def window(positions, n_ctx):
+    """The attention window (a compile bucket) for `positions` positions: whole blocks of the
+    cache (`BLOCK`: 64, 128, 192, ...), at most n_ctx."""
+    return min(blocks_for(positions) * BLOCK, n_ctx)
+
+
 def slot_cache(model, slots, length):
     """The zero cache of `slots` slots of `length` positions (a multiple of BLOCK): per layer
     (keys, values), each a tuple of length / BLOCK blocks [slots * n_head, BLOCK, head_dim], in

@@ -36,7 +36,7 @@ from . import controls as control
 from . import layouts, quiet_retracing
 from . import step as per_token
 from . import stops as text_stops
-from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache, slot_dtype
+from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache, slot_dtype, window
 from .programs import Programs, key_of
 from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS, Request
 
@@ -110,7 +110,7 @@ class Slots:
         most prompts' only one), each of one prompt and (not scored) of `prefill_rows`; `admit`
         and `move`."""
         n_ctx = self.model.hparams.n_ctx
-        first = min(blocks_for(self.chunk) * BLOCK, n_ctx)
+        first = window(self.chunk, n_ctx)
         whole = ((MAX_STOPS, MAX_STOP_BYTES) if hasattr(self, "vocabulary_bytes") else None, (MAX_STOPS, STOP_TOKENS))
         rows = [specs_of(np.zeros([len(INTS), w], np.int32), np.zeros([len(FLOATS), w], np.float32),
                          np.zeros(w, np.int64)) for w in widths]
@@ -357,7 +357,7 @@ class Slots:
 def windows(n_ctx):
     """The attention windows the warm-up compiles a decode step over: each of whole blocks of the
     cache (`cache.BLOCK`: 64, 128, 192, ...) up to a quarter of n_ctx, and n_ctx."""
-    quarter = min(blocks_for(n_ctx // 4) * BLOCK, n_ctx)
+    quarter = window(n_ctx // 4, n_ctx)
     return list(dict.fromkeys([*range(BLOCK, quarter + 1, BLOCK), quarter, n_ctx]))
 
 

@@ -21,7 +21,7 @@ import traceback
 import numpy as np
 
 from ..decoding.buckets import bucket
-from ..decoding.cache import BLOCK, blocks_for
+from ..decoding.cache import BLOCK, window
 from ..decoding.controls import PENALTIES
 from ..decoding.prefix import PrefixCache
 from ..decoding.slots import FLOATS, IDLE, INTS, Slots, wider
@@ -350,12 +350,6 @@ class Scheduler:
 def _scoring(sequence):
     """Whether the sequence's prefill scores its prompt (its next chunk is of the prompt)."""
     return sequence.score_prompt and sequence.context is sequence.prompt
-
-
-def window(positions, n_ctx):
-    """The attention window (a compile bucket) for `positions` positions: whole blocks of the
-    cache (`decoding.cache.BLOCK`: 64, 128, 192, ...), at most n_ctx."""
-    return min(blocks_for(positions) * BLOCK, n_ctx)
 
 
 def width(slots, max_batch):
