@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import prompts_for
-from tfgpt2.decoding import controls as control
 from tfgpt2.decoding import layouts as layout
 from tfgpt2.decoding.cache import BLOCK, call_with_cache, call_with_slots, empty_cache, slot_cache
 from tfgpt2.hparams import default_hparams
@@ -203,58 +202,3 @@ def test_bfloat16_slots_convert_no_block_and_no_wte(model_for):
     assert not [(shape, op) for shape, op in made if shape.startswith("bf16") and shape.endswith(block)], made
     assert not [(shape, op) for shape, op in made if shape.endswith(block) and "convert" in op], made
     assert {op for shape, op in made if shape.endswith(table)} <= {"parameter", "get-tuple-element", "tuple"}, made
-
-
-@pytest.mark.slow  # XLA: compiles
-def test_the_first_slot_alone_reads_its_blocks_without_a_copy(model_for):
-    """The server's decode step of the first slot alone reads that slot's part of each block as
-    it is (`cache.slot_cache`): no slice, gather or copy of a block's rows, which XLA's CPU
-    backend would make at each step before the products. Its token is GPT2.call's greedy one."""
-    from tfgpt2.decoding.slots import FLOATS, INTS, Slots
-    model = model_for("float32")
-    hp = model.hparams
-    slots = Slots(model, max_batch=3, chunk=BLOCK, steps=1, eot=0)
-    ints = {name: [0] for name in INTS} | dict(token=NEXT[0], budget=[1], length=[hp.n_ctx])
-    floats = {name: [0.0] for name in FLOATS} | dict(top_p=[1.0], **{k: [v] for k, v in control.OFF.items()})
-    args = (tf.constant([ints[n] for n in INTS]), tf.constant([floats[n] for n in FLOATS]), tf.constant([0], tf.int64))
-    run = tf.function(slots.programs.build("decode", dict(window=2 * BLOCK, stops=(None, None))), jit_compile=True,
-                      autograph=False)
-    assert run(*args)[0].numpy()[0, 0] == model(np.array([NEXT[0]]))["logits"].numpy()[0, 0].argmax()
-    hlo = run.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
-    rows = f"[{hp.n_head},{BLOCK},{hp.n_embd // hp.n_head}]"  # a slot's rows of a block
-    made = {op for shape, op in re.findall(r"= f32(\[[\d,]*\])\S* ([\w-]+)\(", hlo) if shape == rows}
-    assert "parameter" in made and not made & {"slice", "dynamic-slice", "gather", "copy"}, made
-
-
-def test_slots_move_save_and_load_a_slots_rows_across_the_parts_of_the_blocks(model_for):
-    """The first slot's rows are held apart from the others' (`cache.slot_cache`): `move` from
-    a slot of the second part into the first, and `save` and `load` through the prefix cache's
-    pool from and into either part, carry a slot's rows of each block and leave every other
-    slot's as they were."""
-    from tfgpt2.decoding.slots import Slots
-    model = model_for("float32")
-    hp = model.hparams
-    slots = Slots(model, max_batch=3, chunk=BLOCK, steps=1, eot=0, pool=2)
-    rng = np.random.default_rng(2)
-    for variable in tf.nest.flatten(slots.cache):
-        variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
-
-    def held():  # [layers, keys and values, blocks, slots, heads, BLOCK, head_dim]
-        return np.array([[[np.concatenate([p.numpy() for p in block]).reshape(3, hp.n_head, BLOCK, -1)
-                           for block in blocks] for blocks in layer] for layer in slots.cache])
-    before = held()
-    slots.save(2, [(0, 1)])  # slot 2's first block into pool block 1
-    slots.load(0, [1])  # and into slot 0's first block
-    expected = before.copy()
-    expected[:, :, 0, 0] = before[:, :, 0, 2]
-    np.testing.assert_array_equal(held(), expected)
-    slots.save(0, [(1, 0)])  # slot 0's second block into pool block 0
-    slots.load(1, [0])  # and into slot 1's first block
-    expected[:, :, 0, 1] = expected[:, :, 1, 0]
-    np.testing.assert_array_equal(held(), expected)
-    slots.move(2, 0)  # every block of slot 2 into slot 0
-    expected[:, :, :, 0] = expected[:, :, :, 2]
-    np.testing.assert_array_equal(held(), expected)
-    slots.move(0, 1)
-    expected[:, :, :, 1] = expected[:, :, :, 0]
-    np.testing.assert_array_equal(held(), expected)

@@ -5,8 +5,7 @@ layer's keys and values live in a buffer [batch * n_head, T_max, head_dim] that 
 at an index (in place inside an XLA loop), with left padding per row (`call_with_cache`), or
 each row at a position of its own, in the rows of its slot, in blocks of BLOCK positions
 (`call_with_slots`, the server's continuous batch: a step reads the blocks of its window whole,
-where a slice of one buffer would be copied before each product; the first slot's rows apart
-from the others', so that a sequence alone reads them whole too). The layers, the mask and the
+where a slice of one buffer would be copied before each product). The layers, the mask and the
 softmax are the model's own; only the order of the calls is written again. `layouts`
 (`layouts.py`) change how the block weights are multiplied, never the numbers; with them, a
 16-bit model's one-row logits read its 16-bit `wte` at each step (`held_logits`).
@@ -42,54 +41,10 @@ def window(positions, n_ctx):
 
 def slot_cache(model, slots, length):
     """The zero cache of `slots` slots of `length` positions (a multiple of BLOCK): per layer
-    (keys, values), each a tuple of length / BLOCK blocks, each in parts of whole slots: the
-    first slot's rows [n_head, BLOCK, head_dim] and the other slots' [(slots - 1) * n_head,
-    BLOCK, head_dim] (where slots > 1), in `slot_dtype`. Cache row `slot * n_head + head` is a
-    slot's head; a step of the first slot alone reads its part as it is (XLA's CPU backend
-    copies a slice before a product: at one row over 256 positions, a tenth of a step)."""
-    hp = model.hparams
-    parts = tuple(tf.zeros([n * hp.n_head, BLOCK, hp.n_embd // hp.n_head], slot_dtype(model)) for n in (1, slots - 1) if n)
-    return [((parts,) * (length // BLOCK),) * 2 for _ in range(hp.n_layer)]
-
-
-def read_rows(block, rows):
-    """The cache rows `rows` [n] (`slot_cache`'s numbering) of a block (its parts): [n, BLOCK,
-    head_dim]."""
-    if len(block) == 1:
-        return tf.gather(block[0], rows)
-    first = shape_list(block[0])[0]
-    return tf.where((rows < first)[:, None, None], tf.gather(block[0], tf.minimum(rows, first - 1)),
-                    tf.gather(block[1], tf.maximum(rows - first, 0)))
-
-
-def write_rows(block, rows, values, offset=None, reach=None):
-    """A block (its parts) with values[i] at cache row rows[i]: the whole row [BLOCK, head_dim],
-    or with `offset` [n] its position offset[i] [head_dim] (an offset of BLOCK: not written).
-    `reach`: a bound on `rows` known when tracing (parts past it are left as they are)."""
-    parts, start = [], 0
-    for part in block:
-        size = shape_list(part)[0]
-        if reach is None or start < reach:
-            local = rows - start
-            local = tf.where((local >= 0) & (local < size), local, size)  # in another part: dropped
-            part = tf.tensor_scatter_nd_update(part, tf.stack([local] if offset is None else [local, offset], 1), values)
-        parts.append(part)
-        start += size
-    return tuple(parts)
-
-
-def first_rows(blocks, rows):
-    """What the first `rows` slots read of `blocks` (each in parts: `slot_cache`): a list of
-    (slots, blocks), a group of rows per part, each part's blocks whole where the group fills
-    it (a slice is copied)."""
-    heads, groups, start = shape_list(blocks[0][0])[0], [], 0
-    for p in range(len(blocks[0])):
-        size = shape_list(blocks[0][p])[0] // heads  # the part's slots
-        n = min(size, rows - start)
-        if n > 0:
-            groups.append((n, [b[p] if n == size else b[p][:n * heads] for b in blocks]))
-        start += size
-    return groups
+    (keys, values), each a tuple of length / BLOCK blocks [slots * n_head, BLOCK, head_dim], in
+    `slot_dtype`."""
+    return [tuple((zeros,) * (length // BLOCK) for zeros in layer)
+            for layer in empty_cache(model, slots, BLOCK, slot_dtype(model))]
 
 
 def slot_dtype(model):
@@ -117,7 +72,7 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
 
     def write(old, new):
         stored = write_cache(old, tf.cast(new, old.dtype), cache_index)  # as the cache holds them
-        return stored, [(None, [stored])]
+        return stored, [stored]
     return through_blocks(model, X, padded_positions(X, cache_index, pad), mask, cache, write, layouts, table)
 
 
@@ -156,24 +111,22 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
     rows = tf.reshape(rows[:, None] * hp.n_head + tf.range(hp.n_head), [-1])  # the cache rows of each head
     at = tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])  # each new key's position
 
-    def write(old, new):  # old: a layer's blocks, each in parts; new [rows * heads, T, head_dim]
+    def write(old, new):  # old: a layer's blocks; new [rows * heads, T, head_dim]
         stored, row = list(old), tf.repeat(rows, shape_list(new)[1])
-        values = tf.cast(tf.reshape(new, [-1, shape_list(new)[2]]), old[0][0].dtype)  # as the blocks hold them
-        reach = shape_list(new)[0] if slot is None else None  # the first rows' cache rows only
+        values = tf.cast(tf.reshape(new, [-1, shape_list(new)[2]]), old[0].dtype)  # as the blocks hold them
         for j in range(blocks):
             offset = at - j * BLOCK
             offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
-            stored[j] = write_rows(old[j], row, values, offset, reach)
-        read = (first_rows(stored[:blocks], shape_list(X)[0]) if slot is None else
-                [(None, [read_rows(b, rows) for b in stored[:blocks]])])
+            stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), values)
+        read = [b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
         return tuple(stored), read
     return through_blocks(model, X, positions, mask, cache, write, layouts, head=head, every_position=every_position)
 
 
 def through_blocks(model, X, positions, mask, cache, write, layouts, table=None, *, head=None, every_position=False):
     """The embeddings of X at `positions`, the blocks over `cache` (`write(old, new)` stores a
-    layer's new keys or values and gives (the stored cache, what attention reads: groups of
-    rows, `grouped_attn`)), then the logits of the last position, or of every one: ([batch,
+    layer's new keys or values and gives (the stored cache, what attention reads: a list of
+    blocks, `cached_attn`)), then the logits of the last position, or of every one: ([batch,
     n_vocab] or [batch, T, n_vocab], the updated cache). `head`: as `call_with_slots`'s."""
     embed, logits = table or ((lambda X: gather_rows(model.as_compute(model.wte), X)), model.lm_logits)
     if table is None and layouts and model.compute_dtype != "float32" and not tf.executing_eagerly():
@@ -222,7 +175,7 @@ def block_with_cache(block, x, mask, cache, write, layout):
         q, k, v = map(attn.split_heads, tf.split(c, 3, axis=2))
         (k_cache, k_read), (v_cache, v_read) = (write(old, tf.reshape(new, [-1] + shape_list(new)[2:]))
                                                 for old, new in zip(cache, (k, v)))
-        a = project(attn.c_proj, attn.merge_heads(grouped_attn(q, k_read, v_read, mask, tf32=attn.tf32)), layout[1])
+        a = project(attn.c_proj, attn.merge_heads(cached_attn(q, k_read, v_read, mask, tf32=attn.tf32)), layout[1])
     x = x + a
     with tf.name_scope(block.name), tf.name_scope(mlp.name):
         m = project(mlp.c_proj, gelu(project(mlp.c_fc, block.ln_2(x), layout[2])), layout[3])
@@ -269,18 +222,6 @@ def write_cache(cache, update, index):
     """cache[:, index:index+n] = update, for cache [batch * heads, T, features]; under XLA in
     place in the loop's buffer."""
     return xla.dynamic_update_slice(cache, update, tf.stack([0, index, 0]))
-
-
-def grouped_attn(q, k, v, mask, *, tf32=False):
-    """`cached_attn` for each group of q's rows: k and v lists of (rows, blocks), each group's
-    rows of q in order (rows None: all of them)."""
-    if len(k) == 1:
-        return cached_attn(q, k[0][1], v[0][1], mask, tf32=tf32)
-    out, start = [], 0
-    for (rows, k_blocks), (_, v_blocks) in zip(k, v):
-        out.append(cached_attn(q[start:start + rows], k_blocks, v_blocks, mask[start:start + rows], tf32=tf32))
-        start += rows
-    return tf.concat(out, axis=0)
 
 
 def cached_attn(q, k, v, mask, *, tf32=False):

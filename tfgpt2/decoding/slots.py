@@ -36,8 +36,7 @@ from . import controls as control
 from . import layouts, quiet_retracing
 from . import step as per_token
 from . import stops as text_stops
-from .cache import (BLOCK, blocks_for, call_with_slots, empty_cache, read_rows, slot_cache, slot_dtype, window,
-                    write_rows)
+from .cache import BLOCK, blocks_for, call_with_slots, empty_cache, slot_cache, slot_dtype, window
 from .programs import Programs, key_of
 from .request import MAX_LOGPROBS, MAX_STOP_BYTES, MAX_STOPS, Request
 
@@ -68,8 +67,8 @@ class Slots:
             self.vocabulary_bytes, self.vocabulary_lengths = (tf.Variable(a, trainable=False) for a in (
                 vocabulary.bytes, vocabulary.lengths))
         self.length = blocks_for(hp.n_ctx + chunk) * BLOCK
-        self.cache = [tuple(tuple(tuple(tf.Variable(part, trainable=False) for part in block) for block in blocks)
-                            for blocks in layer) for layer in slot_cache(model, max_batch, self.length)]
+        self.cache = [tuple(tuple(tf.Variable(block, trainable=False) for block in blocks) for blocks in layer)
+                      for layer in slot_cache(model, max_batch, self.length)]
         self.pool = [tuple(tf.Variable(part, trainable=False) for part in layer)  # [pool * n_head, BLOCK, head_dim]
                      for layer in empty_cache(model, pool, BLOCK, slot_dtype(model))]
         def kept(shape, dtype, fill=0):
@@ -163,34 +162,34 @@ class Slots:
     def load(self, slot, pool):
         """Blocks 0, 1, ... len(pool) - 1 of slot `slot` from the pool's blocks `pool`."""
         for j, kept in enumerate(pool):
-            self.copy(j, slot > 0, into_slot=True)(tf.constant(slot - (slot > 0)), tf.constant(kept))
+            self.copy(j, into_slot=True)(tf.constant(slot), tf.constant(kept))
 
     def save(self, slot, places):
         """Block j of slot `slot` into pool block p, for each (j, p) of `places`."""
         for j, kept in places:
-            self.copy(j, slot > 0, into_slot=False)(tf.constant(slot - (slot > 0)), tf.constant(kept))
+            self.copy(j, into_slot=False)(tf.constant(slot), tf.constant(kept))
 
-    def copy(self, j, part, *, into_slot):
-        """The graph that copies block j of a slot (its first argument: its place in the block's
-        part `part`, `cache.slot_cache`) from or into a pool block (its second), every layer's
-        keys and values: run by TensorFlow as it is, one per block, part and direction (XLA would
-        take a minute to compile a program of a few hundred copies, and save nothing)."""
-        key = (j, part, into_slot)
+    def copy(self, j, *, into_slot):
+        """The graph that copies block j of a slot (its first argument) from or into a pool block
+        (its second), every layer's keys and values: run by TensorFlow as it is, one per block
+        and direction (XLA would take a minute to compile a program of a few hundred copies, and
+        save nothing)."""
+        key = (j, into_slot)
         if key not in self.copies:
-            self.copies[key] = tf.function(lambda slot, kept: self._copy(j, part, slot, kept, into_slot),
+            self.copies[key] = tf.function(lambda slot, kept: self._copy(j, slot, kept, into_slot),
                                            autograph=False).get_concrete_function(
                 tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32))
         return self.copies[key]
 
-    def _copy(self, j, part, slot, kept, into_slot):
+    def _copy(self, j, slot, kept, into_slot):
         heads = tf.range(self.model.hparams.n_head)
         rows, pooled_rows = (at * heads.shape[0] + heads for at in (slot, kept))
         for layer, pooled in zip(self.cache, self.pool):
             for blocks, pool in zip(layer, pooled):  # keys, then values
                 if into_slot:
-                    blocks[j][part].scatter_nd_update(rows[:, None], pool.sparse_read(pooled_rows))
+                    blocks[j].scatter_nd_update(rows[:, None], pool.sparse_read(pooled_rows))
                 else:
-                    pool.scatter_nd_update(pooled_rows[:, None], blocks[j][part].sparse_read(rows))
+                    pool.scatter_nd_update(pooled_rows[:, None], blocks[j].sparse_read(rows))
 
     def prefill(self, tokens, slots, starts, window, targets=None):
         """tokens [k, C] (numpy, k <= prefill_rows): row r into slot slots[r] at positions
@@ -240,11 +239,9 @@ class Slots:
 
     def _move(self, slots):
         heads = self.model.hparams.n_head
-        source, target = (tf.range(heads) + at * heads for at in tf.unstack(slots))
-        for block in (block for layer in self.cache for blocks in layer for block in blocks):  # parts
-            held = tuple(part.value() for part in block)
-            for part, value in zip(block, write_rows(held, target, read_rows(held, source))):
-                part.assign(value)
+        for variable in self._variables():  # [slots * heads, BLOCK, head_dim]
+            rows = tf.gather(variable, tf.range(heads) + slots[0] * heads)
+            variable.scatter_nd_update((tf.range(heads) + slots[1] * heads)[:, None], rows)
         for variable in self.slot_state:  # [slots, ...]
             variable.scatter_nd_update(slots[1:, None], tf.gather(variable, slots[:1]))
 
@@ -343,14 +340,18 @@ class Slots:
     def _read(self, window):
         """Each layer's (keys, values) blocks that hold the first `window` positions: a program
         takes (and the runtime hands it) only the variables it uses."""
-        return [tuple(tuple(tuple(p.value() for p in block) for block in part[:blocks_for(window)]) for part in layer)
+        return [tuple(tuple(block.value() for block in part[:blocks_for(window)]) for part in layer)
                 for layer in self.cache]
 
     def _store(self, cache):
         """`cache` (as `_read` gives it) into its blocks."""
-        held = [tuple(part[:len(cache[0][0])] for part in layer) for layer in self.cache]
-        for variable, value in zip(tf.nest.flatten(held), tf.nest.flatten(cache)):
+        for variable, value in zip(self._variables(len(cache[0][0])), tf.nest.flatten(cache)):
             variable.assign(value)
+
+    def _variables(self, blocks=None):
+        """The first `blocks` blocks of every layer's keys and values (all: None), in
+        `tf.nest.flatten` order."""
+        return tf.nest.flatten([tuple(part[:blocks] for part in layer) for layer in self.cache])
 
 
 def windows(n_ctx):
