@@ -202,3 +202,35 @@ def test_bfloat16_slots_convert_no_block_and_no_wte(model_for):
     assert not [(shape, op) for shape, op in made if shape.startswith("bf16") and shape.endswith(block)], made
     assert not [(shape, op) for shape, op in made if shape.endswith(block) and "convert" in op], made
     assert {op for shape, op in made if shape.endswith(table)} <= {"parameter", "get-tuple-element", "tuple"}, made
+
+
+def test_slots_move_save_and_load_carry_a_slots_rows_of_every_block(model_for):
+    """`move` (a sequence down into a free slot), and `save` and `load` through the prefix
+    cache's pool, from and into the first slot and others: each carries the slot's rows of each
+    block it names and leaves every other slot's as they were."""
+    from tfgpt2.decoding.slots import Slots
+    model = model_for("float32")
+    hp = model.hparams
+    slots = Slots(model, max_batch=3, chunk=BLOCK, steps=1, eot=0, pool=2)
+    rng = np.random.default_rng(2)
+    for variable in tf.nest.flatten(slots.cache):
+        variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
+
+    def held():  # [layers, keys and values, blocks, slots, heads, BLOCK, head_dim]
+        return np.array([[[block.numpy().reshape(3, hp.n_head, BLOCK, -1) for block in blocks] for blocks in layer]
+                         for layer in slots.cache])
+    expected = held()
+    slots.save(2, [(0, 1)])  # slot 2's first block into pool block 1
+    slots.load(0, [1])  # and into slot 0's first block
+    expected[:, :, 0, 0] = expected[:, :, 0, 2]
+    np.testing.assert_array_equal(held(), expected)
+    slots.save(0, [(1, 0)])  # slot 0's second block into pool block 0
+    slots.load(1, [0])  # and into slot 1's first block
+    expected[:, :, 0, 1] = expected[:, :, 1, 0]
+    np.testing.assert_array_equal(held(), expected)
+    slots.move(2, 0)  # every block of slot 2 into slot 0
+    expected[:, :, :, 0] = expected[:, :, :, 2]
+    np.testing.assert_array_equal(held(), expected)
+    slots.move(0, 1)
+    expected[:, :, :, 1] = expected[:, :, :, 0]
+    np.testing.assert_array_equal(held(), expected)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpt2.decoding.programs import Programs, covers, holds, key_of
+from tfgpt2.decoding.programs import Programs, covers, holds, key_of, memory_maps
 
 
 def adds(variable):
@@ -121,3 +121,29 @@ def test_close_gives_the_compile_under_way_the_closing_threads_priority():
     closed.set()
     assert programs.idle(timeout=120) and programs.count("background") == 1
     assert seen == [(19, os.SCHED_IDLE), (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))]
+
+
+def test_the_background_stops_compiling_before_the_memory_maps_run_out():
+    """XLA's CPU backend maps each kernel's code apart, and Linux aborts a process past its bound
+    of memory maps (`vm.max_map_count`): the background compiles while the maps left hold twice
+    the most a compile took besides a tenth of the bound; then it compiles nothing more (each
+    key refused, once), and the stand-ins serve. Here each compile takes 100 of 1,000 maps."""
+    variable, held = tf.Variable(tf.zeros([8])), {"maps": 500}
+
+    def build(name, static):  # traced as the compile starts
+        held["maps"] += 100
+        return adds(variable)(name, static)
+
+    programs = Programs(build, [variable], maps=lambda: (held["maps"], 1000))
+    programs.warm([key(8, 4)])
+    assert programs.most == 100 and held["maps"] == 600
+    for n in (1, 2, 3):
+        programs.ready(key(n, 1))
+    assert programs.idle(timeout=120) and programs.count("background") == 2 and held["maps"] == 800
+    assert programs.refused == {key(3, 1)} and programs.pending == 0  # 800 + 2 x 100 + 100 > 1000
+    assert programs.ready(key(3, 1))[0] == key(8, 4) and programs.ready(key(5, 1))[0] == key(8, 4)
+    assert programs.refused == {key(3, 1), key(5, 1)} and programs.pending == 0 and programs.worker is None
+    assert int(programs.ready(key(5, 1))[1](tf.ones([8]))) == 4  # the stand-in runs the step
+    if sys.platform.startswith("linux"):  # what the server's programs count by default
+        used, limit = memory_maps()
+        assert 0 < used < limit

@@ -12,6 +12,12 @@ the compiled program for the real calls.
 
 Each compile is counted by where it ran (`compiled`): "warmup", "background", or "request"
 (on the engine thread, a step waiting on it: where nothing compiled can stand in).
+
+XLA's CPU backend maps each kernel's code into memory apart (three memory maps a kernel: a
+124M decode step over 1024 positions takes about 3,000), and Linux bounds the maps of a
+process (`vm.max_map_count`, 65,530 by default), past which LLVM aborts the process. So the
+background compiles only while the maps left hold twice the most any compile took, besides a
+tenth of the bound; past that it compiles no more (`refused`), and the stand-ins serve.
 """
 import collections
 import os
@@ -33,8 +39,11 @@ class Programs:
     their specs), each compiled once; `variables`: those the programs write (copied for a
     compile off the engine thread)."""
 
-    def __init__(self, build, variables):
+    def __init__(self, build, variables, maps=None):
         self.build, self.variables = build, variables
+        self.maps = maps or memory_maps  # () -> (this process's memory maps, the most it may hold) or None
+        self.most = 0  # the most memory maps a compile took
+        self.refused = set()  # keys the background did not compile: too few memory maps left
         self.traced, self.compiled = {}, {}  # key: the concrete function; key: where it compiled
         self.stand_ins = 0  # steps that ran a stand-in
         self.wanted = collections.deque()  # keys for the background thread
@@ -108,7 +117,10 @@ class Programs:
 
     def _want(self, key):
         """`key` for the background thread (under the lock), started where none runs."""
-        if self.closed or key in self.wanted:
+        if self.closed or key in self.wanted or key in self.refused:
+            return
+        if self.refused:  # out of memory maps: the stand-ins serve
+            self.refused.add(key)
             return
         self.wanted.append(key)
         if self.worker is None:
@@ -128,14 +140,31 @@ class Programs:
                     self.lock.notify_all()
                     return
                 key = self.wanted[0]
+                if not self._room():
+                    self.refused.update(self.wanted)
+                    self.wanted.clear()
+                    continue
             self._compile(key, shadows)
             with self.lock:
                 self.wanted.popleft()
                 self.compiled.setdefault(key, "background")
 
+    def _room(self):
+        """Whether a compile fits in the memory maps left: twice the most one took, besides a
+        tenth of the bound (True where the maps are not known)."""
+        held = self.maps()
+        return held is None or held[0] + 2 * self.most + held[1] // 10 <= held[1]
+
     def _compile(self, key, shadows):
         """Compiles `key` by running it once, on zeros, over copies of the variables it writes
-        (`shadows`: handle id -> copy, filled as needed)."""
+        (`shadows`: handle id -> copy, filled as needed); counts the memory maps it took."""
+        before = self.maps()
+        self._run(key, shadows)
+        after = self.maps()
+        if before is not None and after is not None:
+            self.most = max(self.most, after[0] - before[0])
+
+    def _run(self, key, shadows):
         function = self.trace(key)
         written = {id(v.handle): v for v in self.variables}
         for captured in function.captured_inputs:
@@ -144,6 +173,18 @@ class Programs:
                 shadows[id(captured)] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False)
         captures = [shadows[id(c)].handle if id(c) in shadows else c for c in function.captured_inputs]
         function._call_flat([tf.zeros(shape, dtype) for shape, dtype in key[1]], captures)
+
+
+def memory_maps():
+    """(the memory maps this process holds, `vm.max_map_count`), or None where Linux's /proc
+    does not say."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f), limit
+    except (OSError, ValueError):
+        return None
 
 
 def yield_cpu():

@@ -82,6 +82,8 @@ class Metrics:
                                 value=programs.pending)
         yield CounterMetricFamily("tfgpt2_stand_in_steps", "Steps run by a wider program while theirs compiled",
                                   value=programs.stand_ins)
+        yield GaugeMetricFamily("tfgpt2_compiles_refused", "Programs the background did not compile: too few memory "
+                                "maps left (vm.max_map_count); wider ones stand in", value=len(programs.refused))
         for name, text in [("queries", "Prompt tokens looked up in the prefix cache"),
                            ("hits", "Prompt tokens found in the prefix cache (read from it, not computed)")]:
             yield CounterMetricFamily("tfgpt2_prefix_cache_" + name, text,
