@@ -140,10 +140,11 @@ class Programs:
                     self.lock.notify_all()
                     return
                 key = self.wanted[0]
-                if not self._room():
+            if not self._room():  # (reading the maps off the lock: tens of thousands of lines)
+                with self.lock:
                     self.refused.update(self.wanted)
                     self.wanted.clear()
-                    continue
+                continue
             self._compile(key, shadows)
             with self.lock:
                 self.wanted.popleft()
