@@ -147,3 +147,22 @@ def test_the_background_stops_compiling_before_the_memory_maps_run_out():
     if sys.platform.startswith("linux"):  # what the server's programs count by default
         used, limit = memory_maps()
         assert 0 < used < limit
+
+
+def test_the_warm_up_compiles_what_holds_every_step_then_the_rest_while_the_memory_maps_leave_room():
+    """A model of more layers takes more memory maps a program (a 16-row step over 1024
+    positions: about 3,000 at 12 layers, 5,300 at 24), so a larger model's whole warm-up would
+    pass the bound: the programs that hold every step compile first, whatever the maps; the
+    others while the maps leave room, as the background's; the rest are refused, and stand-ins
+    serve them. Here each compile takes 100 of 1,000 maps."""
+    variable, held = tf.Variable(tf.zeros([8])), {"maps": 500}
+
+    def build(name, static):
+        held["maps"] += 100
+        return adds(variable)(name, static)
+
+    programs = Programs(build, [variable], maps=lambda: (held["maps"], 1000))
+    programs.warm([key(1, 1), key(8, 4), key(2, 1), key(4, 1)], needed=[key(8, 4)])
+    assert list(programs) == [key(8, 4), key(1, 1), key(2, 1)] and programs.count("warmup") == 3
+    assert programs.refused == {key(4, 1)} and held["maps"] == 800
+    assert programs.ready(key(4, 1))[0] == key(8, 4) and programs.pending == 0 and programs.worker is None

@@ -15,9 +15,11 @@ Each compile is counted by where it ran (`compiled`): "warmup", "background", or
 
 XLA's CPU backend maps each kernel's code into memory apart (three memory maps a kernel: a
 124M decode step over 1024 positions takes about 3,000), and Linux bounds the maps of a
-process (`vm.max_map_count`, 65,530 by default), past which LLVM aborts the process. So the
-background compiles only while the maps left hold twice the most any compile took, besides a
-tenth of the bound; past that it compiles no more (`refused`), and the stand-ins serve.
+process (`vm.max_map_count`, 65,530 by default), past which LLVM aborts the process (a model
+of twice 124M's layers takes twice the maps: its whole warm-up would not fit). So past the
+programs that hold every step, the warm-up and the background compile only while the maps left
+hold twice the most any compile took, besides a tenth of the bound; past that nothing more is
+compiled (`refused`), and the stand-ins serve.
 """
 import collections
 import os
@@ -92,12 +94,16 @@ class Programs:
                 self.compiled[key] = "request"
         return key, self.trace(key)
 
-    def warm(self, keys):
-        """Compiles the programs of `keys` ("warmup"), before the engine runs."""
+    def warm(self, keys, needed=()):
+        """Compiles the programs of `needed`, then those of `keys` while the memory maps leave
+        room (`_room`; the others refused), before the engine runs ("warmup")."""
         shadows = {}
-        for key in keys:
-            self._compile(key, shadows)
-            self.compiled.setdefault(key, "warmup")
+        for key in dict.fromkeys([*needed, *keys]):
+            if key in needed or self._room():
+                self._compile(key, shadows)
+                self.compiled.setdefault(key, "warmup")
+            else:
+                self.refused.add(key)
 
     def close(self):
         """Drops the keys queued for the background thread but the one it compiles (it ends after

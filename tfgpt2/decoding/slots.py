@@ -108,7 +108,9 @@ class Slots:
         with the slots' whole stop shapes; a prefill of the longest chunk over the
         whole context (scored and not), and over its own first blocks (a prompt's first chunk:
         most prompts' only one), each of one prompt and (not scored) of `prefill_rows`; `admit`
-        and `move`."""
+        and `move`. Those that hold every step first (the widest decode with the whole stop
+        shapes, the prefills over the whole context, `admit`, `move`), the others while the
+        process's memory maps leave room (`programs`)."""
         n_ctx = self.model.hparams.n_ctx
         first = window(self.chunk, n_ctx)
         whole = ((MAX_STOPS, MAX_STOP_BYTES) if hasattr(self, "vocabulary_bytes") else None, (MAX_STOPS, STOP_TOKENS))
@@ -117,14 +119,15 @@ class Slots:
         decode = [key_of("decode", specs, dict(window=window, stops=(None, None))) for w, specs in zip(widths, rows)
                   for window in windows(n_ctx)]
         tokens = np.zeros(self.chunk, np.int32)
-        prefill = [key_of("prefill", specs_of(np.zeros([k, self.chunk], np.int32), np.zeros([2, k], np.int32),
-                                              *[tokens] * score), dict(window=window))
-                   for k, window, score in dict.fromkeys([(1, n_ctx, False), (1, n_ctx, True), (1, first, False),
-                                                          (self.prefill_rows, n_ctx, False),
-                                                          (self.prefill_rows, first, False)])]
+        prefill = {(k, window, score): key_of("prefill", specs_of(np.zeros([k, self.chunk], np.int32),
+                                                                  np.zeros([2, k], np.int32), *[tokens] * score),
+                                              dict(window=window))
+                   for k, window, score in [(1, n_ctx, False), (1, n_ctx, True), (1, first, False),
+                                            (self.prefill_rows, n_ctx, False), (self.prefill_rows, first, False)]}
         admit = key_of("admit", specs_of(*self._admit_args(0, [0], Request(length=1))), {})
-        self.programs.warm(decode + [key_of("decode", rows[-1], dict(window=n_ctx, stops=whole))] + prefill
-                           + [admit, key_of("move", specs_of(tokens[:2]), {})])
+        needed = [key_of("decode", rows[-1], dict(window=n_ctx, stops=whole)), prefill[self.prefill_rows, n_ctx, False],
+                  prefill[1, n_ctx, True], admit, key_of("move", specs_of(tokens[:2]), {})]
+        self.programs.warm(decode + list(prefill.values()), needed)
 
     def admit(self, slot, prompt, request):
         """Slot `slot` for a sequence whose prompt is `prompt` (token ids), generated with
