@@ -875,7 +875,9 @@ def test_a_server_compiles_nothing_on_a_requests_step(server, client):
         client.completions.create(model="tiny", **request)
     with concurrent.futures.ThreadPoolExecutor(len(VARIED)) as pool:
         list(pool.map(lambda request: client.completions.create(model="tiny", **request), VARIED + VARIED[:3]))
-    assert metric(server.url, ON_A_STEP) == 0
+    assert metric(server.url, ON_A_STEP) == 0 and metric(server.url, "tfgpt2_compiles_refused") == 0
+    if sys.platform.startswith("linux"):  # the compiled code's memory maps, against the bound the server keeps under
+        assert 0 < metric(server.url, "tfgpt2_memory_maps") < metric(server.url, "tfgpt2_memory_maps_limit")
 
 
 def log_lines(server, words):

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from . import protocol, tokenizer
+from ..decoding.programs import memory_maps
 from ..decoding.step import LENGTH
 from ..decoding.stops import Vocabulary
 from ..decoding.text import TextStream, token_text
@@ -82,8 +83,14 @@ class Metrics:
                                 value=programs.pending)
         yield CounterMetricFamily("tfgpt2_stand_in_steps", "Steps run by a wider program while theirs compiled",
                                   value=programs.stand_ins)
-        yield GaugeMetricFamily("tfgpt2_compiles_refused", "Programs the background did not compile: too few memory "
-                                "maps left (vm.max_map_count); wider ones stand in", value=len(programs.refused))
+        yield GaugeMetricFamily("tfgpt2_compiles_refused", "Programs the warm-up or the background did not compile: "
+                                "too few memory maps left (vm.max_map_count); wider ones stand in",
+                                value=len(programs.refused))
+        held = memory_maps()
+        if held is not None:
+            yield GaugeMetricFamily("tfgpt2_memory_maps", "Memory maps the process holds (XLA's code: three a kernel)",
+                                    value=held[0])
+            yield GaugeMetricFamily("tfgpt2_memory_maps_limit", "The most it may hold (vm.max_map_count)", value=held[1])
         for name, text in [("queries", "Prompt tokens looked up in the prefix cache"),
                            ("hits", "Prompt tokens found in the prefix cache (read from it, not computed)")]:
             yield CounterMetricFamily("tfgpt2_prefix_cache_" + name, text,
