@@ -123,18 +123,22 @@ def test_close_gives_the_compile_under_way_the_closing_threads_priority():
     assert seen == [(19, os.SCHED_IDLE), (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))]
 
 
+def mapping(variable, held):
+    """`adds`, each program's compile taking 100 of the memory maps counted in held["maps"] (as
+    it is traced)."""
+    def build(name, static):
+        held["maps"] += 100
+        return adds(variable)(name, static)
+    return build
+
+
 def test_the_background_stops_compiling_before_the_memory_maps_run_out():
     """XLA's CPU backend maps each kernel's code apart, and Linux aborts a process past its bound
     of memory maps (`vm.max_map_count`): the background compiles while the maps left hold twice
     the most a compile took besides a tenth of the bound; then it compiles nothing more (each
     key refused, once), and the stand-ins serve. Here each compile takes 100 of 1,000 maps."""
     variable, held = tf.Variable(tf.zeros([8])), {"maps": 500}
-
-    def build(name, static):  # traced as the compile starts
-        held["maps"] += 100
-        return adds(variable)(name, static)
-
-    programs = Programs(build, [variable], maps=lambda: (held["maps"], 1000))
+    programs = Programs(mapping(variable, held), [variable], maps=lambda: (held["maps"], 1000))
     programs.warm([key(8, 4)])
     assert programs.most == 100 and held["maps"] == 600
     for n in (1, 2, 3):
@@ -156,12 +160,7 @@ def test_the_warm_up_compiles_what_holds_every_step_then_the_rest_while_the_memo
     others while the maps leave room, as the background's; the rest are refused, and stand-ins
     serve them. Here each compile takes 100 of 1,000 maps."""
     variable, held = tf.Variable(tf.zeros([8])), {"maps": 500}
-
-    def build(name, static):
-        held["maps"] += 100
-        return adds(variable)(name, static)
-
-    programs = Programs(build, [variable], maps=lambda: (held["maps"], 1000))
+    programs = Programs(mapping(variable, held), [variable], maps=lambda: (held["maps"], 1000))
     programs.warm([key(1, 1), key(8, 4), key(2, 1), key(4, 1)], needed=[key(8, 4)])
     assert list(programs) == [key(8, 4), key(1, 1), key(2, 1)] and programs.count("warmup") == 3
     assert programs.refused == {key(4, 1)} and held["maps"] == 800
