@@ -45,7 +45,7 @@ class Programs:
         self.build, self.variables = build, variables
         self.maps = maps or memory_maps  # () -> (this process's memory maps, the most it may hold) or None
         self.most = 0  # the most memory maps a compile took
-        self.refused = set()  # keys the background did not compile: too few memory maps left
+        self.refused = set()  # keys left uncompiled (warm-up or background): too few memory maps left
         self.traced, self.compiled = {}, {}  # key: the concrete function; key: where it compiled
         self.stand_ins = 0  # steps that ran a stand-in
         self.wanted = collections.deque()  # keys for the background thread
