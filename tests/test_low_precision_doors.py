@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfgpt2 import kernels
+from tfgpt2.decoding import layouts
 from tfgpt2.encoder import get_encoder
 
 # compiles every door's programs, twice, in a process of its own (tests/own_process.py)
@@ -171,12 +173,15 @@ def test_serve(tiny_dir, model, dtype, prompts, enc, asked, monkeypatch):
     with TestClient(app.create_app(scheduler, model_name="tiny", encoder=enc, hparams=model.hparams)) as client:
         answer = client.post("/v1/completions", json=dict(model="tiny", prompt=prompts, max_tokens=LENGTH,
                                                           temperature=0, logprobs=1))
-        # one prompt alone: steps of one row (a 16-bit model's read its 16-bit [nf, nx] copies)
+        # one prompt alone: steps of one row (a 16-bit model's read its 16-bit [nf, nx] copies, an
+        # int8 model's its own weights by the row kernels where they run here)
         alone = client.post("/v1/completions", json=dict(model="tiny", prompt=prompts[0], max_tokens=LENGTH,
                                                          temperature=0, logprobs=1))
     assert answer.status_code == 200 and alone.status_code == 200, answer.text + alone.text
     one_row = scheduler.slots._layouts(1)
-    assert dtype == "int8" and one_row is None or dtype == "bfloat16" and one_row[0][0].dtype == tf.bfloat16
+    rows = kernels.supports(dtype)
+    assert layouts.by_rows(one_row) == rows and (one_row is not None or dtype == "int8")
+    assert one_row is None or tf.nest.flatten(one_row[0][0])[0].dtype == tf.as_dtype(dtype)
     word = enc.encoding.decode_single_token_bytes
     ids = {token_text(word(t)): t for t in range(enc.n_vocab)}  # the tokens as OpenAI's logprobs show them
     choices = sorted(answer.json()["choices"], key=lambda c: c["index"]) + alone.json()["choices"]

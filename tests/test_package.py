@@ -26,7 +26,7 @@ from tfgpt2.testing.checkpoints import make_checkpoint
 TF_STARTUP = re.compile(r"absl::InitializeLog|cudart_stub|cpu_feature_guard|cuInit|oneDNN|"
                         r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
 SUBPACKAGES = ["tfgpt2", "tfgpt2.adapters", "tfgpt2.bulk", "tfgpt2.cli", "tfgpt2.decoding", "tfgpt2.formats",
-               "tfgpt2.serve", "tfgpt2.testing", "tfgpt2.train"]
+               "tfgpt2.kernels", "tfgpt2.serve", "tfgpt2.testing", "tfgpt2.train"]
 
 README = (ROOT / "README.md").read_text()
 
@@ -84,13 +84,14 @@ def copy_source(source):
 
 def test_every_subpackage_is_packaged():
     """pyproject.toml lists each folder of tfgpt2 with an __init__.py (a new one must be added),
-    and the assets folder, which holds the shipped vocabulary as its data."""
+    and the assets folder, which holds the shipped vocabulary as its data; the kernels' source
+    ships as data too (built at first use)."""
     folders = sorted(".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tfgpt2").rglob("__init__.py"))
     with open(ROOT / "pyproject.toml", "rb") as f:
         project = tomllib.load(f)
     setup = project["tool"]["setuptools"]
     assert sorted(setup["packages"]) == sorted([*folders, "tfgpt2.assets"]) and folders == SUBPACKAGES
-    assert setup["package-data"] == {"tfgpt2.assets": ["encoder.json", "vocab.bpe"]}
+    assert setup["package-data"] == {"tfgpt2.assets": ["encoder.json", "vocab.bpe"], "tfgpt2.kernels": ["rows.cc"]}
     assert setup["py-modules"] == ["tfgpt2_cli"] and project["project"]["scripts"] == {"tfgpt2": "tfgpt2_cli:main"}
 
 
@@ -115,7 +116,8 @@ def build_wheel(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         entry_points = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert {"tfgpt2_cli.py", "tfgpt2/assets/encoder.json", "tfgpt2/assets/vocab.bpe", "tfgpt2/cli/main.py"} <= names
+    assert {"tfgpt2_cli.py", "tfgpt2/assets/encoder.json", "tfgpt2/assets/vocab.bpe", "tfgpt2/cli/main.py",
+            "tfgpt2/kernels/rows.cc"} <= names
     assert {f"{package.replace('.', '/')}/__init__.py" for package in SUBPACKAGES} <= names
     assert not [n for n in names if n.startswith(("tests/", "tools/"))]
     assert re.search(r"^tfgpt2 = tfgpt2_cli:main$", entry_points, re.M), entry_points

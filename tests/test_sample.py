@@ -141,20 +141,34 @@ def test_a_16_bit_models_generation_holds_its_cache_in_float32_under_xla_on_a_cp
 
 
 @pytest.mark.slow
-def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wide_dir):
-    """`layouts.one_row16`: a bfloat16 model's block weights as [nf, nx] in bfloat16, attention's
-    c_proj as a float32 [nx, nf]; a cached step at one row that reads them under XLA gives the
-    logits of the step that reads the layers' own weights, to a rounding of the bfloat16 logits
-    (the products sum in another order); so do a prompt and a step that read `layouts.widened`."""
+@pytest.mark.parametrize("rows", [False, True], ids=["xla", "row-kernels"])
+def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wide_dir, rows, monkeypatch):
+    """`layouts.one_row16`: a bfloat16 model's block weights as [nf, nx] in bfloat16; under XLA's
+    own products attention's c_proj as a float32 [nx, nf], by the row kernels each read by them
+    (`layouts.Rows`); a cached step at one row that reads them under XLA gives the logits of the
+    step that reads the layers' own weights, to a rounding of the bfloat16 logits (the products
+    sum in another order); so do a prompt and a step that read `layouts.widened`."""
+    if rows and not layouts.kernels.supports(tf.bfloat16):
+        pytest.skip("no row kernels here: the CPU lacks AVX-512 BF16, or they could not be built (tfgpt2.kernels)")
+    if not rows:
+        monkeypatch.setattr(layouts.kernels, "supports", lambda dtype: False)
     model = load_model(wide_dir, dtype="bfloat16")
     hp = model.hparams
     weights = layouts.one_row16(model)
-    c_proj, = weights[0][1]
-    assert [(tuple(w.shape), w.dtype) for w in (weights[0][0], c_proj, *weights[0][2:])] == [
-        ((3 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, hp.n_embd), tf.float32),
-        ((4 * hp.n_embd, hp.n_embd), tf.bfloat16), ((hp.n_embd, 4 * hp.n_embd), tf.bfloat16)]
-    np.testing.assert_array_equal(weights[0][0].numpy(), tf.transpose(model.h[0].attn.c_attn.w[0]).numpy())
-    np.testing.assert_array_equal(c_proj.numpy(), tf.cast(model.h[0].attn.c_proj.w[0], tf.float32).numpy())
+    if rows:
+        assert all(isinstance(w, layouts.Rows) for w in weights[0])
+        c_proj = weights[0][1].w
+        assert (tuple(c_proj.shape), c_proj.dtype) == ((hp.n_embd, hp.n_embd), tf.bfloat16)
+        np.testing.assert_array_equal(c_proj.numpy(), tf.transpose(model.h[0].attn.c_proj.w[0]).numpy())
+    else:
+        c_proj, = weights[0][1]
+        assert (tuple(c_proj.shape), c_proj.dtype) == ((hp.n_embd, hp.n_embd), tf.float32)
+        np.testing.assert_array_equal(c_proj.numpy(), tf.cast(model.h[0].attn.c_proj.w[0], tf.float32).numpy())
+    c_attn, c_fc, mlp_proj = (tf.nest.flatten(w)[0] for w in (weights[0][0], *weights[0][2:]))
+    assert [(tuple(w.shape), w.dtype) for w in (c_attn, c_fc, mlp_proj)] == [
+        ((3 * hp.n_embd, hp.n_embd), tf.bfloat16), ((4 * hp.n_embd, hp.n_embd), tf.bfloat16),
+        ((hp.n_embd, 4 * hp.n_embd), tf.bfloat16)]
+    np.testing.assert_array_equal(c_attn.numpy(), tf.transpose(model.h[0].attn.c_attn.w[0]).numpy())
 
     widened = layouts.widened(model)  # its prompt's: float32 copies [nx, nf]
     assert [(tuple(w.shape), w.dtype) for (w,) in widened[0]] == [
@@ -415,6 +429,7 @@ def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     sixteen = generator_for(bf16_model)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(layouts, "native_bfloat16", lambda: False)  # a CPU without BF16 instructions
+        patch.setattr(layouts.kernels, "supports", lambda dtype: False)  # (nor the row kernels)
         prompt, steps = sixteen.weights_for(16, 1, 5)  # the prompt: float32 copies; one row: `one_row16`
         assert [w.dtype for (w,) in prompt[0]] == [tf.float32] * 4
         assert [tf.nest.flatten(w)[0].dtype for w in steps[0]] == [tf.bfloat16, tf.float32, tf.bfloat16, tf.bfloat16]

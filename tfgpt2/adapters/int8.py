@@ -46,12 +46,19 @@ class Int8:
         self._is_quantized = True
 
     def _int8_call(self, x):
-        """x @ w in int8 (x's rows quantized as w's columns), rescaled to the compute dtype."""
-        x_int8, x_scale = keras.quantizers.abs_max_quantize(tf.reshape(x, [-1, self.nx]), axis=-1)
-        y = rescaled(int8_matmul(x_int8, self.w, transpose_b=True), x_scale, self.w_scale, self.compute_dtype)
+        """x @ w in int8 (`int8_product`), plus b."""
+        y = self.int8_product(tf.reshape(x, [-1, self.nx]))
         y = tf.reshape(y + self.b, tf.concat([tf.shape(x)[:-1], [self.nf]], 0))
         y.set_shape(x.shape[:-1].concatenate([self.nf]))  # the static shape, where known
         return y
+
+    def int8_product(self, x, product=None):
+        """x [rows, nx] @ w in int8 (x's rows quantized as w's columns), rescaled to the compute
+        dtype: the int32 product of x's int8 rows and w by `product(x_int8)` (the decoding
+        engine's row kernels), or `int8_matmul`."""
+        x_int8, x_scale = keras.quantizers.abs_max_quantize(x, axis=-1)
+        y = product(x_int8) if product else int8_matmul(x_int8, self.w, transpose_b=True)
+        return rescaled(y, x_scale, self.w_scale, self.compute_dtype)
 
     def stored(self):
         """The names of the variables a `.keras` file stores, in order: the weights of the
@@ -130,11 +137,12 @@ class Int8Model:
         self.logits_scale = self.add_weight(name=f"{w.name}_scale", shape=w.shape[:1], initializer="ones",
                                             trainable=False)
 
-    def int8_logits(self, h):
-        """h [rows, n_embd] @ the output weight^T [n_embd, n_vocab] in int8: float32 logits."""
+    def int8_logits(self, h, product=None):
+        """h [rows, n_embd] @ the output weight^T [n_embd, n_vocab] in int8: float32 logits. The
+        int32 product of h's int8 rows and the int8 copy by `product(h_int8)`, or `int8_matmul`."""
         h_int8, h_scale = keras.quantizers.abs_max_quantize(h, axis=-1)
-        return rescaled(int8_matmul(h_int8, self.logits_int8, transpose_b=True), h_scale, self.logits_scale,
-                        tf.float32)
+        y = product(h_int8) if product else int8_matmul(h_int8, self.logits_int8, transpose_b=True)
+        return rescaled(y, h_scale, self.logits_scale, tf.float32)
 
     def get_config(self):
         return self.with_quantized_dtype(super().get_config())

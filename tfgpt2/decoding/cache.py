@@ -13,8 +13,10 @@ softmax are the model's own; only the order of the calls is written again. `layo
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
 
+from .. import kernels
 from ..model import attention_mask, attn_probs, gelu, positions_for, shape_list
 from ..products import matmul
+from .layouts import Rows, by_rows
 
 BLOCK = 64  # positions per block of a slot cache (`slot_cache`)
 
@@ -129,7 +131,9 @@ def through_blocks(model, X, positions, mask, cache, write, layouts, table=None,
     blocks, `cached_attn`)), then the logits of the last position, or of every one: ([batch,
     n_vocab] or [batch, T, n_vocab], the updated cache). `head`: as `call_with_slots`'s."""
     embed, logits = table or ((lambda X: gather_rows(model.as_compute(model.wte), X)), model.lm_logits)
-    if table is None and layouts and model.compute_dtype != "float32" and not tf.executing_eagerly():
+    if table is None and by_rows(layouts):
+        logits = lambda h: rows_logits(model, h)
+    elif table is None and layouts and model.compute_dtype != "float32" and not tf.executing_eagerly():
         logits = lambda h: held_logits(model, h, head)
     if table is None and head is not None and model.tie_embeddings:
         # XLA's CPU backend gathers a 16-bit row from a float32 copy of all of wte, made at each call
@@ -165,6 +169,19 @@ def held_logits(model, h, head=None):
     return model.lm_logits(h, xla.optimization_barrier(model.as_compute(model.output_weight()), h)[0])
 
 
+def rows_logits(model, h):
+    """`model.lm_logits(h)` at one row by the row kernels (`layouts.Rows`): the output weight
+    read as held, in 16 bits, or an int8 model's int8 copy of it."""
+    batch, sequence, _ = shape_list(h)
+    h = tf.reshape(model.ln_f(h), [batch * sequence, model.hparams.n_embd])
+    if model.logits_int8 is not None:
+        logits = model.int8_logits(h, lambda q: kernels.row_product(q, model.logits_int8))
+    else:
+        wte = model.as_compute(model.output_weight())
+        logits = tf.cast(kernels.row_product(tf.cast(h, wte.dtype), wte), h.dtype)  # in the compute dtype
+    return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, -1])
+
+
 def block_with_cache(block, x, mask, cache, write, layout):
     """`Block.call` over the cache, its keys and values stored by `write` (`through_blocks`): (x
     after the block, the updated (keys, values)). Named as the layers (`h0/attn/...`), for
@@ -185,14 +202,20 @@ def block_with_cache(block, x, mask, cache, write, layout):
 def project(conv, x, layout):
     """`conv(x)`, the weight multiplied as `layout` says: None, the layer as it is; an int k
     (one row only), k products over slices of nx; a one-tuple (w,), the weight as a float32 copy
-    [nx, nf]; a tensor [nf, nx], the weight copied so (in 16 bits: one row only)."""
+    [nx, nf]; a tensor [nf, nx], the weight copied so (in 16 bits: one row only); `Rows`, a
+    weight [nf, nx] read by the row kernels (an int8 layer's own: its input quantized as the
+    layer does)."""
     if layout is None:
         return conv(x)
     with tf.name_scope(conv.name):  # named as the layer's own product, for profiles
         *start, nx = shape_list(x)
         x = tf.reshape(x, [-1, nx])
         w = tf.cast(conv.w, x.dtype)
-        if isinstance(layout, int) and x.shape[0] == 1 and nx % layout == 0:
+        if isinstance(layout, Rows) and conv.quantization_mode == "int8":
+            y = conv.int8_product(x, lambda q: kernels.row_product(q, layout.w))
+        elif isinstance(layout, Rows):
+            y = tf.cast(kernels.row_product(x, layout.w), x.dtype)
+        elif isinstance(layout, int) and x.shape[0] == 1 and nx % layout == 0:
             # At a few rows XLA on a CPU runs x @ w on one core; a batched product (w as
             # [k, nx / k, nf], the same memory) runs on all of them, without a copy.
             parts = tf.transpose(tf.reshape(x, [1, layout, nx // layout]), [1, 0, 2])

@@ -59,14 +59,17 @@ class Generator:
 
     def weights_for(self, length, batch, prompt_len):
         """The layouts of the block weights (`layouts.py`) for (the pass over a prompt of
-        `prompt_len` tokens but its last, the new tokens' steps), on a CPU under XLA where the
-        weights are float; else (None, None). A float32 model, where `layouts.transpose_pays`:
+        `prompt_len` tokens but its last, the new tokens' steps), on a CPU under XLA; else (None,
+        None). A float32 model, where `layouts.transpose_pays`:
         at batch 1 `layouts.split` (no copy, and faster there), at more rows `transposed()`. A
         16-bit model: `widened()` for its prompt, and for its steps where no other layout pays;
         where one does, `one_row16()` at batch 1, `transposed()` for both at more rows; none for
-        a prompt whose pass runs apart (`prompt_apart`)."""
-        if not (layouts.usable(self.model) and cpus_only() and self.jit_compile):
+        a prompt whose pass runs apart (`prompt_apart`). An int8 model: at batch 1 its steps by
+        the row kernels (`layouts.one_row8`), where they run here."""
+        if not (cpus_only() and self.jit_compile):
             return None, None
+        if not layouts.usable(self.model):  # int8: its one row by the row kernels, where they run here
+            return None, layouts.one_row8(self.model) if batch == 1 else None
         pays = bool(layouts.transpose_pays(length, cpu=True))
         if self.model.compute_dtype == "float32":
             weights = None if not pays else layouts.split(self.model) if batch == 1 else self.transposed()

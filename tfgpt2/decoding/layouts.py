@@ -6,13 +6,19 @@ slices of nx at one row (`split`, no copy), on all of them (docs/performance.md)
 model's one row reads 16-bit copies as [nf, nx] (`one_row16`), and its prompt float32 copies
 (`widened`); on a CPU with BF16 instructions (`native_bfloat16`) a bfloat16 prompt
 reads none, its pass run outside XLA, where TensorFlow's kernels multiply bfloat16 natively.
+Where the CPU has AVX-512 BF16 or VNNI, a 16-bit or int8 model's one row reads its weights as
+they are held, by the row kernels (`Rows`, `tfgpt2.kernels`): XLA's products of those dtypes
+run at a fraction of the memory's rate.
 On a GPU the layer's own product is the fast one, so none of this is used there. Same numbers
 either way (the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
 import functools
 import re
+from typing import NamedTuple
 
 import tensorflow as tf
+
+from .. import kernels
 
 TRANSPOSE_FROM = 16  # new tokens from which another layout repays its copy
 SPLIT_K = 8          # at batch 1, into how many products over slices of nx
@@ -52,15 +58,37 @@ def transposed(model):
     return [tuple(_transposed(conv, model, tf.float32) for conv in convs(block)) for block in model.h]
 
 
+class Rows(NamedTuple):
+    """A weight held as [nf, nx] (16-bit or int8) that a one-row product reads by the row
+    kernels (`kernels.row_product`)."""
+    w: tf.Tensor
+
+
 def one_row16(model):
     """A 16-bit model's block weights for one row (`cache.project`): each a copy as [nf, nx] in
-    its dtype, each output's weights in a row, converted as the product reads them (170 MB for
-    124M), but attention's `c_proj`, a float32 copy [nx, nf] (as `widened`'s): XLA's CPU backend
+    its dtype, each output's weights in a row (170 MB for 124M). Where the row kernels multiply
+    the dtype, each is read by them (`Rows`). Elsewhere XLA converts each as the product reads
+    it, but attention's `c_proj`, a float32 copy [nx, nf] (as `widened`'s): XLA's CPU backend
     reads the 16-bit copy of that square weight at a fraction of the others' bytes per second,
     and its float32 copy at about the memory's rate (docs/performance.md)."""
     dtype = model.compute_dtype
+    if kernels.supports(dtype):
+        return [tuple(Rows(_transposed(conv, model, dtype)) for conv in convs(block)) for block in model.h]
     return [tuple((_widened(conv, model),) if conv is block.attn.c_proj else _transposed(conv, model, dtype)
                   for conv in convs(block)) for block in model.h]
+
+
+def one_row8(model):
+    """An int8 model's block weights for one row: the layers' own (held as [nf, nx]), read by
+    the row kernels (`Rows`); None where they do not multiply int8 here."""
+    if not kernels.supports(tf.int8):
+        return None
+    return [tuple(Rows(tf.convert_to_tensor(conv.w)) for conv in convs(block)) for block in model.h]
+
+
+def by_rows(layouts):
+    """Whether `layouts` (one per block, or None) are read by the row kernels."""
+    return bool(layouts) and isinstance(layouts[0][0], Rows)
 
 
 def widened(model):

@@ -1,0 +1,104 @@
+"""`tfgpt2.kernels`: the row products on the CPU's BF16 and VNNI instructions, against NumPy
+(bfloat16 to float32's rounding of the sums, int8 exactly), their build, and where decoding
+reads its weights by them."""
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpt2 import kernels, load_model
+from tfgpt2.decoding import layouts
+from tfgpt2.decoding.generator import generator_for
+from tfgpt2.sample import generate
+
+# (rows, nx, nf): a decoding row at GPT-2's widths; tails of nx under a vector and of nf under a
+# group of rows; more rows than one; fewer outputs than the parts
+SHAPES = [(1, 768, 2304), (3, 40, 13), (5, 100, 70), (2, 64, 3)]
+
+
+def needs(dtype):
+    if not kernels.supports(dtype):
+        pytest.skip(f"no {tf.as_dtype(dtype).name} row kernel here: the CPU lacks the instructions "
+                    "(AVX-512 BF16 or VNNI), or it could not be built (tfgpt2.kernels)")
+
+
+def product(x, w):
+    return tf.function(kernels.row_product, jit_compile=True)(x, w)
+
+
+@pytest.mark.parametrize("m, nx, nf", SHAPES)
+def test_bfloat16_rows_are_numpys_products_of_the_bfloat16_values(m, nx, nf):
+    needs(tf.bfloat16)
+    rng = np.random.default_rng(nx)
+    x, w = (tf.cast(rng.normal(0, 1, shape), tf.bfloat16) for shape in ((m, nx), (nf, nx)))
+    y = product(x, w)
+    assert y.dtype == tf.float32 and y.shape == (m, nf)
+    expected = tf.cast(x, tf.float64).numpy() @ tf.cast(w, tf.float64).numpy().T
+    # float32 sums of nx exact products: within nx float32 roundings of the largest partial sum
+    bound = nx * 2 ** -23 * (np.abs(tf.cast(x, tf.float64).numpy()) @ np.abs(tf.cast(w, tf.float64).numpy()).T)
+    assert np.all(np.abs(y.numpy() - expected) <= bound), np.max(np.abs(y.numpy() - expected) / bound)
+    assert np.abs(expected).max() > 1
+
+
+@pytest.mark.parametrize("m, nx, nf", SHAPES)
+def test_int8_rows_are_numpys_exact_integer_products(m, nx, nf):
+    needs(tf.int8)
+    rng = np.random.default_rng(nx)
+    x, w = (rng.integers(-128, 128, shape).astype(np.int8) for shape in ((m, nx), (nf, nx)))
+    x[0, :3] = [-128, 127, 0]  # the ends of the range (x is read as x + 128)
+    y = product(tf.constant(x), tf.constant(w))
+    assert y.dtype == tf.int32
+    np.testing.assert_array_equal(y.numpy(), x.astype(np.int64) @ w.astype(np.int64).T)
+
+
+def test_a_product_of_mismatched_widths_names_both_shapes():
+    needs(tf.int8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"got x \[2,8\] and w \[4,16\]"):
+        product(tf.zeros([2, 8], tf.int8), tf.zeros([4, 16], tf.int8))
+
+
+def test_a_failed_build_warns_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFGPT2_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that fails
+    monkeypatch.setattr(kernels, "cpu_has", lambda flags: True)
+    with pytest.warns(UserWarning, match="building rows.cc failed"):
+        assert kernels.library.__wrapped__() is None
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(subprocess.CalledProcessError):
+        kernels.build(["false"], tmp_path / "rows.so")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("TFGPT2_KERNELS", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels.library.__wrapped__() is None  # turned off: not built, nothing said
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512bw avx512_vnni\n")
+    assert kernels.cpu_has(kernels.FLAGS[tf.int8], str(cpuinfo))
+    assert not kernels.cpu_has(kernels.FLAGS[tf.bfloat16], str(cpuinfo))
+    assert not kernels.cpu_has(("avx512f",), str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_a_16_bit_or_int8_models_one_row_reads_its_weights_by_the_row_kernels(tiny_dir, dtype):
+    """At batch 1 on a CPU under XLA the steps' block weights are `layouts.Rows`: a bfloat16
+    model's [nf, nx] copies, an int8 model's own int8 weights; greedy generation then picks
+    what the model's own eager logits pick (tests/test_low_precision_doors.py: every door)."""
+    needs(dtype)
+    model = load_model(tiny_dir, dtype=dtype)
+    steps = generator_for(model).weights_for(16, 1, 5)[1]
+    assert layouts.by_rows(steps) and len(steps) == model.hparams.n_layer
+    c_attn = model.h[0].attn.c_attn
+    expected = c_attn.w if dtype == "int8" else tf.transpose(model.as_compute(c_attn.w)[0])
+    np.testing.assert_array_equal(steps[0][0].w.numpy(), expected.numpy())
+    assert steps[0][0].w.dtype == tf.as_dtype(dtype)
+    assert not layouts.by_rows(generator_for(model).weights_for(16, 2, 5)[1])  # more rows: XLA's products
+    prompt = [[3, 1, 4, 1, 5]]
+    tokens = generate(model, prompt, 6, top_k=1)[0].tolist()
+    for n in range(len(prompt[0]), len(tokens)):  # each token the argmax of the eager logits
+        logits = model(tf.constant([tokens[:n]]))["logits"][0, -1].numpy()
+        assert logits[tokens[n]] >= logits.max() - (1e-4 if dtype == "int8" else 0.25), n

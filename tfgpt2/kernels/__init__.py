@@ -1,0 +1,103 @@
+"""Row products on the CPU's own 16-bit and 8-bit instructions (`rows.cc`): y = x w^T for a few
+rows x [m, nx] and a weight held as w [nf, nx], bfloat16 into float32 (AVX-512 BF16) or int8
+into int32 (AVX-512 VNNI, exact), reading w once as it is held. XLA's CPU backend multiplies
+such operands as float32 or int32 copies, at a fraction of the memory's rate; a decoding step
+at a few rows is that product, over every weight (docs/performance.md).
+
+An XLA op only: the decoding programs' products on a CPU use it (`decoding.layouts.rows`);
+nothing exported (SavedModel, LiteRT) holds it. Built from its source at first use, as
+TensorFlow builds a custom op (`tf.sysconfig`'s flags, the C++ compiler `CXX` or g++), into
+the user's cache folder under a name that digests the source, TensorFlow's version and the
+compiler, then loaded into the process. `row_product` is None where the CPU lacks the
+instructions, no compiler is found, the build fails (a warning says why), or TFGPT2_KERNELS=0.
+"""
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import tensorflow as tf
+
+SOURCE = Path(__file__).with_name("rows.cc")
+FLAGS = {tf.bfloat16: ("avx512f", "avx512bw", "avx512_bf16"), tf.int8: ("avx512f", "avx512bw", "avx512_vnni")}
+OUTPUT = {tf.bfloat16: tf.float32, tf.int8: tf.int32}
+
+
+def row_product(x, w):
+    """x [m, nx] @ w [nf, nx]^T: bfloat16 into float32, int8 into int32, inside an XLA program
+    on a CPU, in parts that run side by side on the cores XLA uses. Raises where `supports`
+    is false for the dtype."""
+    if not supports(x.dtype):
+        raise ValueError(f"no row product for {x.dtype.name} on this machine (tfgpt2.kernels.supports)")
+    return library().row_product(x, w, U=OUTPUT[x.dtype], parts=cores())
+
+
+def supports(dtype):
+    """Whether `row_product` runs for `dtype` (bfloat16 or int8) here."""
+    dtype = tf.as_dtype(dtype)
+    return dtype in FLAGS and cpu_has(FLAGS[dtype]) and library() is not None
+
+
+def cores():
+    """The threads XLA's CPU runtime runs the parts on: TensorFlow's intra-op threads."""
+    return tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has(flags, cpuinfo="/proc/cpuinfo"):
+    """Whether the CPU names every one of `flags` (as /proc/cpuinfo spells them)."""
+    try:
+        with open(cpuinfo) as f:
+            named = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return set(flags) <= set(named)
+
+
+@functools.lru_cache(maxsize=None)
+def library():
+    """The loaded op library (built where not yet), or None (see the module's docstring)."""
+    if os.environ.get("TFGPT2_KERNELS", "1") == "0" or not cpu_has(("avx512f", "avx512bw")):
+        return None
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        return None
+    command = [compiler, "-shared", "-fPIC", "-O3", "-w", *tf.sysconfig.get_compile_flags(),
+               *(f"-I{Path(tf.sysconfig.get_include()) / 'external' / name}" for name in (
+                   "highwayhash", "farmhash_archive/src")),
+               str(SOURCE), *tf.sysconfig.get_link_flags(), "-l:libtensorflow_cc.so.2"]
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), tf.__version__, *command]).encode()).hexdigest()[:16]
+    path = cache_folder() / f"rows-{digest}.so"
+    if not path.exists():
+        try:
+            build(command, path)
+        except (OSError, subprocess.CalledProcessError) as e:
+            detail = getattr(e, "stderr", "") or str(e)
+            warnings.warn(f"tfgpt2.kernels: building {SOURCE.name} failed, so decoding multiplies 16-bit and "
+                          f"8-bit weights as XLA does: {detail[-2000:]}")
+            return None
+    return tf.load_op_library(str(path))
+
+
+def build(command, path):
+    """Compiles `command` into `path`, through a file beside it renamed when whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        subprocess.run([*command, "-o", tmp], check=True, capture_output=True, text=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def cache_folder():
+    """Where built libraries are kept: $TFGPT2_CACHE, else $XDG_CACHE_HOME/tfgpt2 (~/.cache/tfgpt2)."""
+    if os.environ.get("TFGPT2_CACHE"):
+        return Path(os.environ["TFGPT2_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfgpt2"
