@@ -84,21 +84,24 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_a_16_bit_or_int8_models_one_row_reads_its_weights_by_the_row_kernels(tiny_dir, dtype):
-    """At batch 1 on a CPU under XLA the steps' block weights are `layouts.Rows`: a bfloat16
-    model's [nf, nx] copies, an int8 model's own int8 weights; greedy generation then picks
-    what the model's own eager logits pick (tests/test_low_precision_doors.py: every door)."""
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_16_bit_or_int8_models_steps_read_its_weights_by_the_row_kernels(tiny_dir, dtype, batch):
+    """At batch <= `layouts.ROWS` on a CPU under XLA the steps' block weights are
+    `layouts.Rows`: a bfloat16 model's [nf, nx] copies, an int8 model's own int8 weights; greedy
+    generation then picks what the model's own eager logits pick, row by row
+    (tests/test_low_precision_doors.py: every door)."""
     needs(dtype)
     model = load_model(tiny_dir, dtype=dtype)
-    steps = generator_for(model).weights_for(16, 1, 5)[1]
+    steps = generator_for(model).weights_for(16, batch, 5)[1]
     assert layouts.by_rows(steps) and len(steps) == model.hparams.n_layer
     c_attn = model.h[0].attn.c_attn
     expected = c_attn.w if dtype == "int8" else tf.transpose(model.as_compute(c_attn.w)[0])
     np.testing.assert_array_equal(steps[0][0].w.numpy(), expected.numpy())
     assert steps[0][0].w.dtype == tf.as_dtype(dtype)
-    assert not layouts.by_rows(generator_for(model).weights_for(16, 2, 5)[1])  # more rows: XLA's products
-    prompt = [[3, 1, 4, 1, 5]]
-    tokens = generate(model, prompt, 6, top_k=1)[0].tolist()
-    for n in range(len(prompt[0]), len(tokens)):  # each token the argmax of the eager logits
-        logits = model(tf.constant([tokens[:n]]))["logits"][0, -1].numpy()
-        assert logits[tokens[n]] >= logits.max() - (1e-4 if dtype == "int8" else 0.25), n
+    assert not layouts.by_rows(generator_for(model).weights_for(16, layouts.ROWS + 1, 5)[1])  # XLA's products
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2]][:batch] + [[9, 9, 9, 9, 9]] * (batch - 2)
+    for prompt, tokens in zip(prompts, generate(model, prompts, 6, top_k=1)):
+        tokens = tokens.tolist()
+        for n in range(len(prompt), len(tokens)):  # each token the argmax of the eager logits
+            logits = model(tf.constant([tokens[:n]]))["logits"][0, -1].numpy()
+            assert logits[tokens[n]] >= logits.max() - (1e-4 if dtype == "int8" else 0.25), n

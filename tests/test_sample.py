@@ -142,19 +142,17 @@ def test_a_16_bit_models_generation_holds_its_cache_in_float32_under_xla_on_a_cp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rows", [False, True], ids=["xla", "row-kernels"])
-def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wide_dir, rows, monkeypatch):
-    """`layouts.one_row16`: a bfloat16 model's block weights as [nf, nx] in bfloat16; under XLA's
-    own products attention's c_proj as a float32 [nx, nf], by the row kernels each read by them
-    (`layouts.Rows`); a cached step at one row that reads them under XLA gives the logits of the
-    step that reads the layers' own weights, to a rounding of the bfloat16 logits (the products
-    sum in another order); so do a prompt and a step that read `layouts.widened`."""
+def test_a_16_bit_models_one_row_reads_its_transposed_copy_as_its_own_weights(wide_dir, rows):
+    """`layouts.one_row16`: a bfloat16 model's block weights as [nf, nx] in bfloat16, attention's
+    c_proj as a float32 [nx, nf]; `layouts.rows`: each as [nf, nx] in bfloat16, read by the row
+    kernels (`layouts.Rows`); a cached step at one row that reads them under XLA gives the
+    logits of the step that reads the layers' own weights, to a rounding of the bfloat16 logits
+    (the products sum in another order); so do a prompt and a step that read `layouts.widened`."""
     if rows and not layouts.kernels.supports(tf.bfloat16):
         pytest.skip("no row kernels here: the CPU lacks AVX-512 BF16, or they could not be built (tfgpt2.kernels)")
-    if not rows:
-        monkeypatch.setattr(layouts.kernels, "supports", lambda dtype: False)
     model = load_model(wide_dir, dtype="bfloat16")
     hp = model.hparams
-    weights = layouts.one_row16(model)
+    weights = layouts.rows(model) if rows else layouts.one_row16(model)
     if rows:
         assert all(isinstance(w, layouts.Rows) for w in weights[0])
         c_proj = weights[0][1].w

@@ -170,8 +170,8 @@ def held_logits(model, h, head=None):
 
 
 def rows_logits(model, h):
-    """`model.lm_logits(h)` at one row by the row kernels (`layouts.Rows`): the output weight
-    read as held, in 16 bits, or an int8 model's int8 copy of it."""
+    """`model.lm_logits(h)` of a step's few rows by the row kernels (`layouts.Rows`): the output
+    weight read as held, in 16 bits, or an int8 model's int8 copy of it."""
     batch, sequence, _ = shape_list(h)
     h = tf.reshape(model.ln_f(h), [batch * sequence, model.hparams.n_embd])
     if model.logits_int8 is not None:
@@ -203,8 +203,8 @@ def project(conv, x, layout):
     """`conv(x)`, the weight multiplied as `layout` says: None, the layer as it is; an int k
     (one row only), k products over slices of nx; a one-tuple (w,), the weight as a float32 copy
     [nx, nf]; a tensor [nf, nx], the weight copied so (in 16 bits: one row only); `Rows`, a
-    weight [nf, nx] read by the row kernels (an int8 layer's own: its input quantized as the
-    layer does)."""
+    weight [nf, nx] read by the row kernels (a few rows; an int8 layer's own weight, its input
+    quantized as the layer does)."""
     if layout is None:
         return conv(x)
     with tf.name_scope(conv.name):  # named as the layer's own product, for profiles

@@ -40,6 +40,7 @@ class Generator:
             for f in (self._generate, self._start, self._resume))
         self.transposed = tf.function(lambda: layouts.transposed(self.model), autograph=False)
         self.one_row16 = tf.function(lambda: layouts.one_row16(self.model), autograph=False)
+        self.rows = tf.function(lambda: layouts.rows(self.model), autograph=False)
         self.widened = tf.function(lambda: layouts.widened(self.model), autograph=False)
         # the pass over a prompt outside XLA, where it is faster there (`prompt_apart`)
         self.start_plain = tf.function(self._counted(self._start), jit_compile=False, autograph=False)
@@ -60,24 +61,30 @@ class Generator:
     def weights_for(self, length, batch, prompt_len):
         """The layouts of the block weights (`layouts.py`) for (the pass over a prompt of
         `prompt_len` tokens but its last, the new tokens' steps), on a CPU under XLA; else (None,
-        None). A float32 model, where `layouts.transpose_pays`:
-        at batch 1 `layouts.split` (no copy, and faster there), at more rows `transposed()`. A
-        16-bit model: `widened()` for its prompt, and for its steps where no other layout pays;
-        where one does, `one_row16()` at batch 1, `transposed()` for both at more rows; none for
-        a prompt whose pass runs apart (`prompt_apart`). An int8 model: at batch 1 its steps by
-        the row kernels (`layouts.one_row8`), where they run here."""
+        None). A float32 model, where `layouts.transpose_pays`: at batch 1 `layouts.split` (no
+        copy, and faster there), at more rows `transposed()`. A 16-bit model: `widened()` for
+        its prompt, and for its steps where no other layout pays; where one does, at batch
+        <= `layouts.ROWS` `rows()` (by the row kernels) where they run here, else `one_row16()`
+        at batch 1, `transposed()` for both at more rows; none for a prompt whose pass runs apart
+        (`prompt_apart`). An int8 model: its steps at batch <= ROWS by the row kernels, where
+        they run here (its own weights: nothing to repay)."""
         if not (cpus_only() and self.jit_compile):
             return None, None
-        if not layouts.usable(self.model):  # int8: its one row by the row kernels, where they run here
-            return None, layouts.one_row8(self.model) if batch == 1 else None
+        few = batch <= layouts.ROWS
+        if not layouts.usable(self.model):  # int8
+            return None, self.rows() if few else None
         pays = bool(layouts.transpose_pays(length, cpu=True))
         if self.model.compute_dtype == "float32":
             weights = None if not pays else layouts.split(self.model) if batch == 1 else self.transposed()
             return weights, weights
-        steps = (self.transposed() if batch > 1 else self.one_row16()) if pays else self.widened()
+        rows = self.rows() if pays and few else None
+        if rows is not None:
+            steps = rows
+        else:
+            steps = (self.transposed() if batch > 1 else self.one_row16()) if pays else self.widened()
         if prompt_len == 1 or self.prompt_apart(prompt_len):
             return None, steps  # no pass (`_start`), or one apart, by the layers' own weights
-        return steps if batch > 1 or not pays else self.widened(), steps
+        return steps if not pays or (batch > 1 and rows is None) else self.widened(), steps
 
     def prompt_apart(self, prompt_len):
         """Whether the pass over a prompt of `prompt_len` tokens runs outside XLA (`start_plain`,

@@ -6,9 +6,9 @@ slices of nx at one row (`split`, no copy), on all of them (docs/performance.md)
 model's one row reads 16-bit copies as [nf, nx] (`one_row16`), and its prompt float32 copies
 (`widened`); on a CPU with BF16 instructions (`native_bfloat16`) a bfloat16 prompt
 reads none, its pass run outside XLA, where TensorFlow's kernels multiply bfloat16 natively.
-Where the CPU has AVX-512 BF16 or VNNI, a 16-bit or int8 model's one row reads its weights as
-they are held, by the row kernels (`Rows`, `tfgpt2.kernels`): XLA's products of those dtypes
-run at a fraction of the memory's rate.
+Where the CPU has AVX-512 BF16 or VNNI, a 16-bit or int8 model's steps of a few rows read its
+weights as they are held, by the row kernels (`rows`, `tfgpt2.kernels`): XLA's products of
+those dtypes run at a fraction of the memory's rate at one row, and as float32 at more.
 On a GPU the layer's own product is the fast one, so none of this is used there. Same numbers
 either way (the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
@@ -21,6 +21,7 @@ import tensorflow as tf
 from .. import kernels
 
 TRANSPOSE_FROM = 16  # new tokens from which another layout repays its copy
+ROWS = 16            # the most rows a decoding step multiplies by the row kernels (`rows`)
 SPLIT_K = 8          # at batch 1, into how many products over slices of nx
 
 
@@ -59,31 +60,34 @@ def transposed(model):
 
 
 class Rows(NamedTuple):
-    """A weight held as [nf, nx] (16-bit or int8) that a one-row product reads by the row
+    """A weight held as [nf, nx] (16-bit or int8) that a product of a few rows reads by the row
     kernels (`kernels.row_product`)."""
     w: tf.Tensor
 
 
+def rows(model):
+    """A 16-bit or int8 model's block weights for a decoding step of at most ROWS rows, read by
+    the row kernels (`Rows`): a 16-bit model's copies as [nf, nx] in its dtype (170 MB for
+    124M), an int8 model's own weights (held so); None where the kernels do not multiply the
+    model's dtype here (and for a float32 model)."""
+    dtype = tf.int8 if not usable(model) else tf.as_dtype(model.compute_dtype)
+    if dtype == tf.float32 or not kernels.supports(dtype):
+        return None
+    held = (lambda conv: tf.convert_to_tensor(conv.w)) if dtype == tf.int8 else (
+        lambda conv: _transposed(conv, model, dtype))
+    return [tuple(Rows(held(conv)) for conv in convs(block)) for block in model.h]
+
+
 def one_row16(model):
-    """A 16-bit model's block weights for one row (`cache.project`): each a copy as [nf, nx] in
-    its dtype, each output's weights in a row (170 MB for 124M). Where the row kernels multiply
-    the dtype, each is read by them (`Rows`). Elsewhere XLA converts each as the product reads
-    it, but attention's `c_proj`, a float32 copy [nx, nf] (as `widened`'s): XLA's CPU backend
-    reads the 16-bit copy of that square weight at a fraction of the others' bytes per second,
-    and its float32 copy at about the memory's rate (docs/performance.md)."""
+    """A 16-bit model's block weights for one row (`cache.project`) where the row kernels do not
+    run: each a copy as [nf, nx] in its dtype, each output's weights in a row, converted as the
+    product reads them (170 MB for 124M), but attention's `c_proj`, a float32 copy [nx, nf] (as
+    `widened`'s): XLA's CPU backend reads the 16-bit copy of that square weight at a fraction of
+    the others' bytes per second, and its float32 copy at about the memory's rate
+    (docs/performance.md)."""
     dtype = model.compute_dtype
-    if kernels.supports(dtype):
-        return [tuple(Rows(_transposed(conv, model, dtype)) for conv in convs(block)) for block in model.h]
     return [tuple((_widened(conv, model),) if conv is block.attn.c_proj else _transposed(conv, model, dtype)
                   for conv in convs(block)) for block in model.h]
-
-
-def one_row8(model):
-    """An int8 model's block weights for one row: the layers' own (held as [nf, nx]), read by
-    the row kernels (`Rows`); None where they do not multiply int8 here."""
-    if not kernels.supports(tf.int8):
-        return None
-    return [tuple(Rows(tf.convert_to_tensor(conv.w)) for conv in convs(block)) for block in model.h]
 
 
 def by_rows(layouts):

@@ -89,10 +89,11 @@ class Slots:
         self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
                         layouts.split(model) if max_batch == 1 else layouts.transposed(model))
         self.head = None if self.layouts is None else layouts.head(model)  # a 16-bit wte's float32 copy
-        # one-row steps: a 16-bit model's block weights as 16-bit [nf, nx] copies (`layouts.one_row16`), an
-        # int8 model's its own by the row kernels where they run here (`layouts.one_row8`)
-        self.one_row = (layouts.one_row8(model) if cpus_only() and not layouts.usable(model) else
-                        None if self.layouts is None or model.compute_dtype == "float32" else layouts.one_row16(model))
+        # a 16-bit or int8 model's steps of a few rows by the row kernels, where they run here (`layouts.rows`);
+        # else a 16-bit model's one-row steps, its block weights as 16-bit [nf, nx] copies (`layouts.one_row16`)
+        self.rows = layouts.rows(model) if cpus_only() else None
+        self.one_row16 = (None if self.layouts is None or self.rows is not None or model.compute_dtype == "float32"
+                          else layouts.one_row16(model))
         self.programs = Programs(lambda name, static: lambda *args: getattr(self, "_" + name)(*args, **static),
                                  tf.nest.flatten(self.cache) + list(self.slot_state))
         self.copies = {}  # the prefix cache's copies (not compiled)
@@ -316,13 +317,15 @@ class Slots:
         return s["tokens"], end["count"] - row["count"], end["finish"], end["cut"], s["logprob"], s["top"]
 
     def _layouts(self, rows):
-        """The layouts of a decode step of `rows` rows: at one row, `layouts.split` for a float32
-        model (its own weights, a tenth faster there than the copies), `layouts.one_row16` for a
-        16-bit one (read in 16 bits, not as the float32 copies), `layouts.one_row8` for an int8
-        one."""
-        if rows == 1 and self.one_row is not None:
-            return self.one_row
-        return layouts.split(self.model) if self.layouts is not None and rows == 1 else self.layouts
+        """The layouts of a decode step of `rows` rows: `layouts.rows` (by the row kernels) at
+        most `layouts.ROWS` rows where there are; else at one row, `layouts.split` for a float32
+        model (its own weights, a tenth faster there than the copies) and `layouts.one_row16` for a
+        16-bit one (read in 16 bits, not as the float32 copies)."""
+        if self.rows is not None and rows <= layouts.ROWS:
+            return self.rows
+        if self.layouts is not None and rows == 1:
+            return layouts.split(self.model) if self.one_row16 is None else self.one_row16
+        return self.layouts
 
     def _controls(self, row, seed, batch, stops):
         """The step's controls for the first `batch` slots: their rows of the call and of the

@@ -6,6 +6,7 @@
 // call that splits nf into `parts`, run side by side by the calling thread and parts - 1
 // threads of its own (XLA's CPU runtime runs a decoding step's operations one after another).
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,75 +34,104 @@ constexpr int kRows = 8;  // weight rows read side by side, each into its own ac
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vnni")))
 
-// y[r, f:f+R] for every row r of x: w's R rows stay in L1 while each x row passes.
-template <int R>
-TARGET void bf16_group(float* y, const uint16_t* x, const uint16_t* w, int64_t m, int64_t nx, int64_t nf,
-                       int64_t f) {
-  for (int64_t r = 0; r < m; ++r) {
-    __m512 acc[R];
-    for (int j = 0; j < R; ++j) acc[j] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 32 <= nx; k += 32) {  // whole vectors, then the tail's under a mask (a masked load in the loop halves its rate)
-      const __m512bh xs = (__m512bh)_mm512_loadu_si512(x + r * nx + k);
-      for (int j = 0; j < R; ++j)
-        acc[j] = _mm512_dpbf16_ps(acc[j], xs, (__m512bh)_mm512_loadu_si512(w + (f + j) * nx + k));
-    }
-    if (k < nx) {
-      const __mmask32 in = (__mmask32(1) << (nx - k)) - 1;
-      const __m512bh xs = (__m512bh)_mm512_maskz_loadu_epi16(in, x + r * nx + k);
-      for (int j = 0; j < R; ++j)
-        acc[j] = _mm512_dpbf16_ps(acc[j], xs, (__m512bh)_mm512_maskz_loadu_epi16(in, w + (f + j) * nx + k));
-    }
-    for (int j = 0; j < R; ++j) y[r * nf + f + j] = _mm512_reduce_add_ps(acc[j]);
+// 64 bytes at p, or where `bytes` < 64 only the first `bytes` (the rest read as 0): a masked
+// load only for a row's tail (one in a loop halves the loop's rate)
+TARGET inline __m512i load(const void* p, int64_t bytes) {
+  return bytes >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8((__mmask64(1) << bytes) - 1, p);
+}
+
+// acc[i][j] += x[r+i, k:k+32] . w[f+j, k:k+32] (of which `bytes` / 2 are read), for a tile of
+// X rows of x and R rows of w: each vector loaded once for all the pairs it enters
+template <int X, int R>
+TARGET inline void bf16_step(__m512 (&acc)[X][R], const uint16_t* x, const uint16_t* w, int64_t nx, int64_t r,
+                             int64_t f, int64_t k, int64_t bytes) {
+  __m512bh xs[X];
+  for (int i = 0; i < X; ++i) xs[i] = (__m512bh)load(x + (r + i) * nx + k, bytes);
+  for (int j = 0; j < R; ++j) {
+    const __m512bh ws = (__m512bh)load(w + (f + j) * nx + k, bytes);
+    for (int i = 0; i < X; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xs[i], ws);
   }
 }
 
-// As bf16_group in int8: x's bytes read as x + 128 (unsigned, as VNNI takes them), the
-// excess 128 * sum(w) taken off.
-template <int R>
-TARGET void int8_group(int32_t* y, const int8_t* x, const int8_t* w, int64_t m, int64_t nx, int64_t nf,
-                       int64_t f) {
+// y[r:r+X, f:f+R] = x[r:r+X] . w[f:f+R]^T, each pair's sum in its own accumulator
+template <int X, int R>
+TARGET void bf16_tile(float* y, const uint16_t* x, const uint16_t* w, int64_t nx, int64_t nf, int64_t r,
+                      int64_t f) {
+  __m512 acc[X][R];
+  for (int i = 0; i < X; ++i)
+    for (int j = 0; j < R; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= nx; k += 32) bf16_step<X, R>(acc, x, w, nx, r, f, k, 64);
+  if (k < nx) bf16_step<X, R>(acc, x, w, nx, r, f, k, 2 * (nx - k));
+  for (int i = 0; i < X; ++i)
+    for (int j = 0; j < R; ++j) y[(r + i) * nf + f + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+// As bf16_step in int8: x's bytes read as x + 128 (unsigned, as VNNI takes them), and sum[j]
+// counts w's row, so that the excess 128 * sum(w) comes off (x's masked tail reads as 128,
+// against w's as 0)
+template <int X, int R>
+TARGET inline void int8_step(__m512i (&acc)[X][R], __m512i (&sum)[R], const int8_t* x, const int8_t* w, int64_t nx,
+                             int64_t r, int64_t f, int64_t k, int64_t bytes) {
   const __m512i flip = _mm512_set1_epi8(char(0x80)), ones = _mm512_set1_epi8(1);
-  for (int64_t r = 0; r < m; ++r) {
-    __m512i acc[R], sum[R];
-    for (int j = 0; j < R; ++j) acc[j] = sum[j] = _mm512_setzero_si512();
-    int64_t k = 0;
-    for (; k + 64 <= nx; k += 64) {
-      const __m512i xs = _mm512_xor_si512(_mm512_loadu_si512(x + r * nx + k), flip);
-      for (int j = 0; j < R; ++j) {
-        const __m512i ws = _mm512_loadu_si512(w + (f + j) * nx + k);
-        acc[j] = _mm512_dpbusd_epi32(acc[j], xs, ws);
-        sum[j] = _mm512_dpbusd_epi32(sum[j], ones, ws);
-      }
-    }
-    if (k < nx) {  // the tail: x's masked bytes read as 128, against w's as 0
-      const __mmask64 in = (__mmask64(1) << (nx - k)) - 1;
-      const __m512i xs = _mm512_xor_si512(_mm512_maskz_loadu_epi8(in, x + r * nx + k), flip);
-      for (int j = 0; j < R; ++j) {
-        const __m512i ws = _mm512_maskz_loadu_epi8(in, w + (f + j) * nx + k);
-        acc[j] = _mm512_dpbusd_epi32(acc[j], xs, ws);
-        sum[j] = _mm512_dpbusd_epi32(sum[j], ones, ws);
-      }
-    }
-    for (int j = 0; j < R; ++j)
-      y[r * nf + f + j] = _mm512_reduce_add_epi32(acc[j]) - 128 * _mm512_reduce_add_epi32(sum[j]);
+  __m512i xs[X];
+  for (int i = 0; i < X; ++i) xs[i] = _mm512_xor_si512(load(x + (r + i) * nx + k, bytes), flip);
+  for (int j = 0; j < R; ++j) {
+    const __m512i ws = load(w + (f + j) * nx + k, bytes);
+    sum[j] = _mm512_dpbusd_epi32(sum[j], ones, ws);
+    for (int i = 0; i < X; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xs[i], ws);
   }
+}
+
+template <int X, int R>
+TARGET void int8_tile(int32_t* y, const int8_t* x, const int8_t* w, int64_t nx, int64_t nf, int64_t r,
+                      int64_t f) {
+  __m512i acc[X][R], sum[R];
+  for (int j = 0; j < R; ++j) {
+    sum[j] = _mm512_setzero_si512();
+    for (int i = 0; i < X; ++i) acc[i][j] = _mm512_setzero_si512();
+  }
+  int64_t k = 0;
+  for (; k + 64 <= nx; k += 64) int8_step<X, R>(acc, sum, x, w, nx, r, f, k, 64);
+  if (k < nx) int8_step<X, R>(acc, sum, x, w, nx, r, f, k, nx - k);
+  for (int j = 0; j < R; ++j) {
+    const int32_t excess = 128 * _mm512_reduce_add_epi32(sum[j]);
+    for (int i = 0; i < X; ++i) y[(r + i) * nf + f + j] = _mm512_reduce_add_epi32(acc[i][j]) - excess;
+  }
+}
+
+// y[:, f:f+R] for all m rows of x: four at a time against R / 2 rows of w twice (the
+// accumulators fit the registers), then one at a time against all R.
+template <typename T, typename Y, void (*Four)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t),
+          void (*One)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t), int R>
+void group(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, int64_t f) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4)
+    for (int half = 0; half < R; half += R / 2) Four(y, x, w, nx, nf, r, f + half);
+  for (; r < m; ++r) One(y, x, w, nx, nf, r, f);
 }
 
 // Runs part(0 .. parts - 1) side by side: part 0 on the calling thread, the others on threads
 // that wait for work spinning a while (a decoding step calls again within microseconds), then
-// asleep.
+// asleep. Every thread answers every round, its part or none, so that no thread still reading
+// a round's work sees the next one begin.
 class Team {
  public:
   void run(int parts, const std::function<void(int)>& part) {
+    if (parts == 1) return part(0);
     std::lock_guard<std::mutex> one(calls_);  // one call at a time
-    while (int(threads_.size()) < parts - 1) {
-      const int i = int(threads_.size()) + 1;
-      threads_.emplace_back([this, i] { serve(i); });
+    if (owner_ != getpid()) {  // none yet, or a forked child's copy: its threads are the parent's
+      threads_ = new std::vector<std::thread>;  // (the parent's std::thread objects are left as they are)
+      owner_ = getpid();
+    }
+    while (int(threads_->size()) < parts - 1) {
+      const int i = int(threads_->size()) + 1;
+      const uint64_t seen = round_.load(std::memory_order_relaxed);  // the round before this call's
+      threads_->emplace_back([this, i, seen] { serve(i, seen); });
     }
     part_ = &part;
     parts_ = parts;
-    left_.store(parts - 1, std::memory_order_relaxed);
+    left_.store(int(threads_->size()), std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       round_.fetch_add(1, std::memory_order_release);
@@ -112,8 +142,7 @@ class Team {
   }
 
  private:
-  void serve(int i) {
-    uint64_t seen = 0;
+  void serve(int i, uint64_t seen) {
     for (;;) {
       for (int spin = 0; spin < kSpins && round_.load(std::memory_order_acquire) == seen; ++spin) _mm_pause();
       if (round_.load(std::memory_order_acquire) == seen) {
@@ -121,17 +150,16 @@ class Team {
         wake_.wait(lock, [&] { return round_.load(std::memory_order_acquire) != seen; });
       }
       seen = round_.load(std::memory_order_acquire);
-      if (i < parts_) {
-        (*part_)(i);
-        left_.fetch_sub(1, std::memory_order_release);
-      }
+      if (i < parts_) (*part_)(i);
+      left_.fetch_sub(1, std::memory_order_release);
     }
   }
 
   static constexpr int kSpins = 100000;  // pauses before sleeping: about a millisecond
   std::mutex calls_, mutex_;
   std::condition_variable wake_;
-  std::vector<std::thread> threads_;
+  std::vector<std::thread>* threads_ = nullptr;
+  pid_t owner_ = 0;
   std::atomic<uint64_t> round_{0};
   std::atomic<int> left_{0};
   const std::function<void(int)>* part_ = nullptr;
@@ -143,9 +171,9 @@ Team& team() {
   return *team;
 }
 
-// y [m, nf] = x [m, nx] . w^T, nf split into `parts` runs of whole groups of kRows rows
+// y [m, nf] = x [m, nx] . w^T, nf split into `parts` runs of whole groups of kRows rows of w
 template <typename T, typename Y, void (*Group)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t),
-          void (*One)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t)>
+          void (*Rest)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t)>
 void rows(void* out, const void** in, const char* opaque, size_t length) {
   int64_t m, nx, nf, parts;
   std::sscanf(std::string(opaque, length).c_str(), "%ld %ld %ld %ld", &m, &nx, &nf, &parts);
@@ -158,18 +186,25 @@ void rows(void* out, const void** in, const char* opaque, size_t length) {
     for (int64_t f = groups * p / parts * kRows; f < groups * (p + 1) / parts * kRows; f += kRows)
       Group(y, x, w, m, nx, nf, f);
     if (p + 1 == parts)
-      for (int64_t f = groups * kRows; f < nf; ++f) One(y, x, w, m, nx, nf, f);
+      for (int64_t f = groups * kRows; f < nf; ++f) Rest(y, x, w, m, nx, nf, f);
   });
+}
+
+template <typename T, typename Y, void (*Tile)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t)>
+void each_row(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, int64_t f) {
+  for (int64_t r = 0; r < m; ++r) Tile(y, x, w, nx, nf, r, f);
 }
 
 extern "C" void tfgpt2_rows_bf16(void* out, const void** in, const char* opaque, size_t length,
                                  XlaCustomCallStatus*) {
-  rows<uint16_t, float, bf16_group<kRows>, bf16_group<1>>(out, in, opaque, length);
+  rows<uint16_t, float, group<uint16_t, float, bf16_tile<4, kRows / 2>, bf16_tile<1, kRows>, kRows>,
+       each_row<uint16_t, float, bf16_tile<1, 1>>>(out, in, opaque, length);
 }
 
 extern "C" void tfgpt2_rows_int8(void* out, const void** in, const char* opaque, size_t length,
                                  XlaCustomCallStatus*) {
-  rows<int8_t, int32_t, int8_group<kRows>, int8_group<1>>(out, in, opaque, length);
+  rows<int8_t, int32_t, group<int8_t, int32_t, int8_tile<4, kRows / 2>, int8_tile<1, kRows>, kRows>,
+       each_row<int8_t, int32_t, int8_tile<1, 1>>>(out, in, opaque, length);
 }
 
 XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_rows_bf16", tfgpt2_rows_bf16, "Host");
