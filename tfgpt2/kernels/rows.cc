@@ -67,36 +67,37 @@ TARGET void bf16_tile(float* y, const uint16_t* x, const uint16_t* w, int64_t nx
     for (int j = 0; j < R; ++j) y[(r + i) * nf + f + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-// As bf16_step in int8: x's bytes read as x + 128 (unsigned, as VNNI takes them), and sum[j]
-// counts w's row, so that the excess 128 * sum(w) comes off (x's masked tail reads as 128,
-// against w's as 0)
+// As bf16_step in int8: w's bytes read as w + 128 (unsigned, as VNNI takes them), and xsum[i]
+// sums x's row, so that the excess 128 * sum(x) comes off (a masked tail reads x as 0)
 template <int X, int R>
-TARGET inline void int8_step(__m512i (&acc)[X][R], __m512i (&sum)[R], const int8_t* x, const int8_t* w, int64_t nx,
-                             int64_t r, int64_t f, int64_t k, int64_t bytes) {
+TARGET inline void int8_step(__m512i (&acc)[X][R], __m512i (&xsum)[X], const int8_t* x, const int8_t* w,
+                             int64_t nx, int64_t r, int64_t f, int64_t k, int64_t bytes) {
   const __m512i flip = _mm512_set1_epi8(char(0x80)), ones = _mm512_set1_epi8(1);
   __m512i xs[X];
-  for (int i = 0; i < X; ++i) xs[i] = _mm512_xor_si512(load(x + (r + i) * nx + k, bytes), flip);
+  for (int i = 0; i < X; ++i) {
+    xs[i] = load(x + (r + i) * nx + k, bytes);
+    xsum[i] = _mm512_dpbusd_epi32(xsum[i], ones, xs[i]);
+  }
   for (int j = 0; j < R; ++j) {
-    const __m512i ws = load(w + (f + j) * nx + k, bytes);
-    sum[j] = _mm512_dpbusd_epi32(sum[j], ones, ws);
-    for (int i = 0; i < X; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xs[i], ws);
+    const __m512i ws = _mm512_xor_si512(load(w + (f + j) * nx + k, bytes), flip);
+    for (int i = 0; i < X; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], ws, xs[i]);
   }
 }
 
 template <int X, int R>
 TARGET void int8_tile(int32_t* y, const int8_t* x, const int8_t* w, int64_t nx, int64_t nf, int64_t r,
                       int64_t f) {
-  __m512i acc[X][R], sum[R];
-  for (int j = 0; j < R; ++j) {
-    sum[j] = _mm512_setzero_si512();
-    for (int i = 0; i < X; ++i) acc[i][j] = _mm512_setzero_si512();
+  __m512i acc[X][R], xsum[X];
+  for (int i = 0; i < X; ++i) {
+    xsum[i] = _mm512_setzero_si512();
+    for (int j = 0; j < R; ++j) acc[i][j] = _mm512_setzero_si512();
   }
   int64_t k = 0;
-  for (; k + 64 <= nx; k += 64) int8_step<X, R>(acc, sum, x, w, nx, r, f, k, 64);
-  if (k < nx) int8_step<X, R>(acc, sum, x, w, nx, r, f, k, nx - k);
-  for (int j = 0; j < R; ++j) {
-    const int32_t excess = 128 * _mm512_reduce_add_epi32(sum[j]);
-    for (int i = 0; i < X; ++i) y[(r + i) * nf + f + j] = _mm512_reduce_add_epi32(acc[i][j]) - excess;
+  for (; k + 64 <= nx; k += 64) int8_step<X, R>(acc, xsum, x, w, nx, r, f, k, 64);
+  if (k < nx) int8_step<X, R>(acc, xsum, x, w, nx, r, f, k, nx - k);
+  for (int i = 0; i < X; ++i) {
+    const int32_t excess = 128 * _mm512_reduce_add_epi32(xsum[i]);
+    for (int j = 0; j < R; ++j) y[(r + i) * nf + f + j] = _mm512_reduce_add_epi32(acc[i][j]) - excess;
   }
 }
 
