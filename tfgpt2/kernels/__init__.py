@@ -66,12 +66,14 @@ def library():
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         return None
-    command = [compiler, "-shared", "-fPIC", "-O3", "-w", *tf.sysconfig.get_compile_flags(),
-               *(f"-I{Path(tf.sysconfig.get_include()) / 'external' / name}" for name in (
-                   "highwayhash", "farmhash_archive/src")),
-               str(SOURCE), *tf.sysconfig.get_link_flags(), "-l:libtensorflow_cc.so.2"]
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), tf.__version__, *command]).encode()).hexdigest()[:16]
-    path = cache_folder() / f"rows-{digest}.so"
+    flags = [compiler, "-shared", "-fPIC", "-O3", "-w", *tf.sysconfig.get_compile_flags(),
+             *(f"-I{Path(tf.sysconfig.get_include()) / 'external' / name}" for name in (
+                 "highwayhash", "farmhash_archive/src"))]
+    libraries = [*tf.sysconfig.get_link_flags(), "-l:libtensorflow_cc.so.2"]
+    # named by what it is built from and with, not by where the source is: copies of the package share it
+    digest = hashlib.sha256("\0".join([SOURCE.read_text(), tf.__version__, *flags, *libraries]).encode())
+    path = cache_folder() / f"rows-{digest.hexdigest()[:16]}.so"
+    command = [*flags, str(SOURCE), *libraries]
     if not path.exists():
         try:
             build(command, path)
