@@ -11,6 +11,8 @@ def test_groups_follow_the_tensorflow_op():
     assert group_of("BatchMatMulV2", "while/h1_1/attn_1/MatMul_1") == "attention"
     assert group_of("XlaDotV2", "while/h1_1/attn_1/XlaDotV2_1") == "attention"  # tfgpt2.products' float32
     assert group_of("MatMul", "gradient_tape/model_1/MatMul/MatMul_1") == "output layer"
+    assert group_of("RowProduct", "while/h0/attn/c_attn/RowProduct") == "block weights"  # tfgpt2.kernels'
+    assert group_of("RowProduct", "while/RowProduct") == "output layer"
     assert group_of("AssignVariableOp", "adam/AssignVariableOp_12") == "optimizer"
     assert group_of("Tanh", "model_1/h0_1/mlp_1/Tanh") == "other"
     assert group_of("Cumsum", "while/sampling/cond/Cumsum") == "sampling"  # tfgpt2.decoding.step's scope
