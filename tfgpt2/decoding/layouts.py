@@ -13,7 +13,6 @@ On a GPU the layer's own product is the fast one, so none of this is used there.
 either way (the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
 import functools
-import re
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -37,12 +36,7 @@ def native_bfloat16(cpuinfo="/proc/cpuinfo"):
     """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX, as `cpuinfo`
     names them). TensorFlow's own kernels (oneDNN) then multiply a prompt's rows in bfloat16
     faster than in float32; XLA's CPU backend multiplies bfloat16 as float32 on any CPU."""
-    try:
-        with open(cpuinfo) as f:
-            flags = re.search(r"^flags\s*:(.*)$", f.read(), re.M)
-    except OSError:
-        return False
-    return flags is not None and not {"avx512_bf16", "amx_bf16"}.isdisjoint(flags.group(1).split())
+    return any(kernels.cpu_has((flag,), cpuinfo) for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def usable(model):
