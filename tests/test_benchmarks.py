@@ -176,6 +176,34 @@ def test_generation_rows_and_headlines_against_llama_cpp():
          "figure": "60.0 against 100.0 tokens/s (0.60x); prefill 900 against 600 (1.50x)"}]
 
 
+def test_generation_rounds_take_turns_and_pool_their_runs(monkeypatch):
+    """With --rounds each candidate's process runs once a round, the candidates taking turns;
+    a candidate's runs of every round are pooled, its peaks the largest, a failed round's error kept."""
+    from tools import benchmark
+    calls = []
+
+    def measure(candidate, batch, args):
+        calls.append(candidate)
+        n = float(len(calls))
+        if candidate == "tfgpt2" and n > 4:
+            return {"error": "out of memory"}
+        return dict(step_ms=[n], tokens_per_s=[1e3 / n], prefill_tokens_per_s=[10 * n], compile_s=n,
+                    peak_rss_mb=100 - n, decode_peak_rss_mb=n, long_peak_rss_mb=n, loaded_rss_mb=n)
+    monkeypatch.setattr(benchmark, "measure", measure)
+    monkeypatch.setattr(benchmark, "available", lambda candidate, args: True)
+    args = argparse.Namespace(rounds=3, batch=[1], candidates=["tfgpt2-xla", "llama.cpp", "tfgpt2"])
+    results, skipped = benchmark.measure_all(args)
+    assert calls == ["tfgpt2-xla", "llama.cpp", "tfgpt2"] * 3 and not skipped
+    ours = results["tfgpt2-xla", 1]
+    assert ours["step_ms"] == [1, 4, 7] and ours["tokens_per_s"] == [1e3, 250, 1e3 / 7]
+    assert ours["prefill_tokens_per_s"] == [10, 40, 70] and ours["peak_rss_mb"] == 99
+    assert ours["decode_peak_rss_mb"] == ours["long_peak_rss_mb"] == 7 and ours["compile_s"] == ours["loaded_rss_mb"] == 1
+    assert results["llama.cpp", 1]["step_ms"] == [2, 5, 8]
+    assert results["tfgpt2", 1] == {"error": "out of memory"}
+    row = next(r for r in benchmark.rows_of(results) if r["implementation"] == "tfgpt2-xla")
+    assert row["step_ms"]["n"] == 3 and row["step_ms"]["median"] == 4
+
+
 @pytest.mark.slow
 def test_generation_report_beside_llama_cpp(tiny_dir, tmp_path):
     """llama.cpp on the GGUF file of the same weights, by its own llama-bench where

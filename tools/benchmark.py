@@ -4,8 +4,9 @@
     tfgpt2 make-checkpoint 124M          # a model folder (random weights run at the same speed)
     python tools/benchmark.py --model_dir models/124M --batch 1 8
 
-Each candidate runs in a fresh process of its own, one after another, on the same
-checkpoint shape: tfgpt2 with XLA, tfgpt2 with XLA and every generation control on
+Each candidate runs in a fresh process of its own, one after another (`--rounds N`: N times,
+the candidates taking turns, each one's runs pooled, so that a noisy machine's slow spells
+fall on all of them), on the same checkpoint shape: tfgpt2 with XLA, tfgpt2 with XLA and every generation control on
 (tfgpt2-xla-controls), tfgpt2 without XLA, the reference `sample_sequence`
 (`--reference_src`, batch 1 only: the original fails above), KerasHub's GPT2CausalLM and
 transformers' GPT2LMHeadModel (random weights of the same shape) where those packages are
@@ -349,6 +350,9 @@ def arguments(argv):
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--candidates", nargs="+", default=CANDIDATES, choices=CANDIDATES)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each candidate in this many processes, the candidates' taking turns "
+                             "(a noisy machine's slow spells fall on all of them); figures over all (default 1)")
     parser.add_argument("--short", type=int, default=32)
     parser.add_argument("--long", type=int, default=160)
     parser.add_argument("--prompt_len", type=int, default=512)
@@ -369,26 +373,51 @@ def arguments(argv):
 
 
 def measure_all(args):
-    """{(candidate, batch): figures or {"error"}} and the candidates not at hand."""
+    """{(candidate, batch): figures or {"error"}} and the candidates not at hand: each candidate
+    measured in `--rounds` processes, the candidates' alternating, their figures pooled (`pooled`)."""
     results, skipped = {}, []
-    for batch in args.batch:
-        for candidate in args.candidates:
-            if not available(candidate, args):
-                if candidate not in skipped:
-                    skipped.append(candidate)
-                print(f"skipping {candidate}: not installed / not found", file=sys.stderr)
-            elif candidate in ONE_ROW and batch > 1:
-                results[(candidate, batch)] = {"error": ONE_ROW[candidate]}
-            else:
-                print(f"measuring {candidate} at batch {batch} ...", file=sys.stderr, flush=True)
-                results[(candidate, batch)] = measure(candidate, batch, args)
+    for round_ in range(args.rounds):
+        for batch in args.batch:
+            for candidate in args.candidates:
+                if not available(candidate, args):
+                    if candidate not in skipped:
+                        skipped.append(candidate)
+                    print(f"skipping {candidate}: not installed / not found", file=sys.stderr)
+                elif candidate in ONE_ROW and batch > 1:
+                    results[(candidate, batch)] = {"error": ONE_ROW[candidate]}
+                else:
+                    print(f"measuring {candidate} at batch {batch} (round {round_ + 1} of {args.rounds}) ...",
+                          file=sys.stderr, flush=True)
+                    figures = measure(candidate, batch, args)
+                    key = (candidate, batch)
+                    results[key] = pooled(results[key], figures) if key in results else figures
     return results, skipped
+
+
+RUNS = ("step_ms", "tokens_per_s", "prefill_tokens_per_s")  # a worker's figures per run
+
+
+def pooled(a, b):
+    """Two rounds' figures of one candidate as one: their runs together, the larger peak
+    resident sets, the first round's compile time and resident set before (a failed round's
+    error, where one failed)."""
+    if "error" in a or "error" in b:
+        return a if "error" in a else b
+    both = dict(a, **{k: a[k] + b[k] for k in RUNS})
+    both.update({k: max(a[k], b[k]) for k in ("peak_rss_mb", "decode_peak_rss_mb", "long_peak_rss_mb")
+                 if a[k] is not None})
+    if "seconds" in a:
+        both["seconds"] = {k: a["seconds"][k] + b["seconds"][k] for k in a["seconds"]}
+    return both
 
 
 def notes_of(args, results, skipped, against=()):
     notes = [f"Decode time per generated token (the whole batch's step): generating {args.long} and "
              f"{args.short} new tokens after a 1-token prompt, the difference per token, median and range "
-             f"over {args.runs} paired runs after a warm-up; prefill: a {args.prompt_len}-token prompt; compile: "
+             f"over {args.runs} paired runs after a warm-up"
+             + (f" in each of {args.rounds} rounds (each candidate's process once a round, the candidates' "
+                f"alternating, so that a slow spell of the machine falls on all of them; medians over all "
+                f"rounds' runs)" if args.rounds > 1 else "") + f"; prefill: a {args.prompt_len}-token prompt; compile: "
              f"the first calls' extra time; peak RSS: the process's peak resident set (VmHWM); RSS before: "
              f"after loading, before the first call. Sampling top_k={args.top_k}; tfgpt2 in {args.dtype}"
              + (", the others in float32" if set(c for c, _ in results) - set(OURS) - {"llama.cpp"} else "")
@@ -423,7 +452,7 @@ def main(argv=None):
         results, skipped = measure_all(args)
     against = [measure("quality", 1, args)] if args.dtype != "float32" and "tfgpt2-xla" in args.candidates else []
     rows = rows_of(results)
-    settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "short", "long",
+    settings = {k: getattr(args, k) for k in ("model_dir", "batch", "candidates", "runs", "rounds", "short", "long",
                                               "prompt_len", "top_k", "dtype", "llama_cpp", "threads")}
     settings.update({k: getattr(args, k) for k in ("quality_prompts", "quality_steps", "text", "text_tokens")
                      if against})

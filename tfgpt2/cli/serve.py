@@ -42,7 +42,7 @@ def main(argv=None, prog="tfgpt2 serve"):
     parser.add_argument("--decode_steps", type=ranged(int, 1), default=1, metavar="STEPS",
                         help="tokens per decode call while no prompt waits: more cost the host less per "
                              "token (on a GPU, 8), fewer let new requests in sooner (default 1; a completion "
-                             "running alone makes up to 4)")
+                             "running alone makes up to 16)")
     parser.add_argument("--prefix_cache_blocks", type=ranged(int, 0), default=64, metavar="BLOCKS",
                         help="blocks of 64 prompt positions whose keys and values are kept, so that a prompt "
                              "that starts as an earlier one did reads its start from them (2 x n_layer x 64 x "

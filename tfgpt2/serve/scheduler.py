@@ -31,9 +31,10 @@ ERROR = -2  # a sink's `finish` where the step failed
 PER_SLOT = ("top_k", "length", "logprobs", "biased", "stop_at_eot", "min_tokens", "include_stop")  # a request's ints
 
 MIN_CHUNK = 16  # the shortest prefill chunk (chunks are length buckets up to `chunk`)
-# tokens per decode call for a sequence alone while nothing waits: the host's cost of a call (a few
-# ms) spread over them; a request that comes meanwhile waits for at most that call
-LONE_STEPS = 4
+# tokens per decode call for a sequence alone while nothing waits: the host's cost of a call (2-3 ms
+# on a CPU, a third of a 124M token's time in 16 bits) spread over them, so that one client runs as
+# fast as `tfgpt2.generate`; a request that comes meanwhile waits for at most that call
+LONE_STEPS = 16
 
 
 class QueueFull(Exception):
