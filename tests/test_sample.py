@@ -201,8 +201,9 @@ def while_loops(graph_def):
 
 
 def is_product(op_type):
-    """tf.matmul's ops, or XLA's dot (`tfgpt2.products`' float32 products)."""
-    return op_type == "MatMul" or op_type.startswith(("BatchMatMul", "XlaDot"))
+    """tf.matmul's ops, XLA's dot (`tfgpt2.products`' float32 products), or the kernels' products
+    (`tfgpt2.kernels`)."""
+    return op_type in ("MatMul", "RowProduct", "ColumnProduct") or op_type.startswith(("BatchMatMul", "XlaDot"))
 
 
 def is_batched(op):
@@ -414,14 +415,22 @@ def test_transpose_policy():
 @pytest.mark.slow
 def test_generation_uses_the_layouts_where_they_pay(wide_dir):
     """On a CPU under XLA, from TRANSPOSE_FROM new tokens: split products at batch 1, the
-    transposed copies at more rows; a 16-bit model's prompt reads float32 copies, and so do its
-    steps where no other layout pays; the same greedy tokens as the uncached model."""
+    transposed copies at more rows, and the steps of a few rows by the kernels where they run
+    (tests/test_kernels.py); a 16-bit model's prompt reads float32 copies, and so do its steps
+    where no other layout pays; the same greedy tokens as the uncached model."""
     model = load_model(wide_dir)
     gen = generator_for(model)
-    assert gen.weights_for(16, 1, 5) == (layouts.split(model, SPLIT_K),) * 2  # (the prompt's, the steps')
-    prompt, steps = gen.weights_for(16, 2, 5)
-    assert prompt is steps and len(steps) == model.hparams.n_layer
-    assert gen.weights_for(15, 2, 5) == gen.weights_for(15, 1, 5) == (None, None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layouts.kernels, "supports", lambda dtype: False)  # a CPU without the kernels
+        plain = Generator(model)
+        assert plain.weights_for(16, 1, 5) == (layouts.split(model, SPLIT_K),) * 2  # (the prompt's, the steps')
+        prompt, steps = plain.weights_for(16, 2, 5)
+        assert prompt is steps and len(steps) == model.hparams.n_layer
+        assert plain.weights_for(15, 2, 5) == plain.weights_for(15, 1, 5) == (None, None)
+    if layouts.kernels.supports(tf.float32):  # the steps by the kernels: the model's own weights, at any length
+        for length, batch in ((16, 1), (15, 1), (16, 2), (15, layouts.ROWS)):
+            prompt, steps = gen.weights_for(length, batch, 5)
+            assert layouts.by_rows(steps) and prompt is not steps
     assert generator_for(model, jit_compile=False).weights_for(16, 2, 5) == (None, None)
     bf16_model = load_model(wide_dir, dtype="bfloat16")
     sixteen = generator_for(bf16_model)

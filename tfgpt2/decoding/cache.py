@@ -16,7 +16,7 @@ from tensorflow.compiler.tf2xla.python import xla
 from .. import kernels
 from ..model import attention_mask, attn_probs, gelu, positions_for, shape_list
 from ..products import matmul
-from .layouts import Rows, by_rows
+from .layouts import Columns, Rows, by_rows
 
 BLOCK = 64  # positions per block of a slot cache (`slot_cache`)
 
@@ -170,8 +170,8 @@ def held_logits(model, h, head=None):
 
 
 def rows_logits(model, h):
-    """`model.lm_logits(h)` of a step's few rows by the row kernels (`layouts.Rows`): the output
-    weight read as held, in 16 bits, or an int8 model's int8 copy of it."""
+    """`model.lm_logits(h)` of a step's few rows by the row kernels (`layouts.rows`): the output
+    weight read as held, in float32 or 16 bits, or an int8 model's int8 copy of it."""
     batch, sequence, _ = shape_list(h)
     h = tf.reshape(model.ln_f(h), [batch * sequence, model.hparams.n_embd])
     if model.logits_int8 is not None:
@@ -204,7 +204,8 @@ def project(conv, x, layout):
     (one row only), k products over slices of nx; a one-tuple (w,), the weight as a float32 copy
     [nx, nf]; a tensor [nf, nx], the weight copied so (in 16 bits: one row only); `Rows`, a
     weight [nf, nx] read by the row kernels (a few rows; an int8 layer's own weight, its input
-    quantized as the layer does)."""
+    quantized as the layer does); `Columns`, a float32 layer's own weight [nx, nf] read by the
+    column kernel (a few rows)."""
     if layout is None:
         return conv(x)
     with tf.name_scope(conv.name):  # named as the layer's own product, for profiles
@@ -215,6 +216,8 @@ def project(conv, x, layout):
             y = conv.int8_product(x, lambda q: kernels.row_product(q, layout.w))
         elif isinstance(layout, Rows):
             y = tf.cast(kernels.row_product(x, layout.w), x.dtype)
+        elif isinstance(layout, Columns):
+            y = kernels.column_product(x, layout.w)
         elif isinstance(layout, int) and x.shape[0] == 1 and nx % layout == 0:
             # At a few rows XLA on a CPU runs x @ w on one core; a batched product (w as
             # [k, nx / k, nf], the same memory) runs on all of them, without a copy.

@@ -62,7 +62,9 @@ class Generator:
         """The layouts of the block weights (`layouts.py`) for (the pass over a prompt of
         `prompt_len` tokens but its last, the new tokens' steps), on a CPU under XLA; else (None,
         None). A float32 model, where `layouts.transpose_pays`: at batch 1 `layouts.split` (no
-        copy, and faster there), at more rows `transposed()`. A 16-bit model: `widened()` for
+        copy, and faster there), at more rows `transposed()`; its steps at batch <= `layouts.ROWS`
+        by the kernels where they run here (`rows()`: its own weights, nothing to repay). A
+        16-bit model: `widened()` for
         its prompt, and for its steps where no other layout pays; where one does, at batch
         <= `layouts.ROWS` `rows()` (by the row kernels) where they run here, else `one_row16()`
         at batch 1, `transposed()` for both at more rows; none for a prompt whose pass runs apart
@@ -76,7 +78,8 @@ class Generator:
         pays = bool(layouts.transpose_pays(length, cpu=True))
         if self.model.compute_dtype == "float32":
             weights = None if not pays else layouts.split(self.model) if batch == 1 else self.transposed()
-            return weights, weights
+            rows = self.rows() if few else None
+            return weights, weights if rows is None else rows
         rows = self.rows() if pays and few else None
         if rows is not None:
             steps = rows

@@ -6,9 +6,10 @@ slices of nx at one row (`split`, no copy), on all of them (docs/performance.md)
 model's one row reads 16-bit copies as [nf, nx] (`one_row16`), and its prompt float32 copies
 (`widened`); on a CPU with BF16 instructions (`native_bfloat16`) a bfloat16 prompt
 reads none, its pass run outside XLA, where TensorFlow's kernels multiply bfloat16 natively.
-Where the CPU has AVX-512 BF16 or VNNI, a 16-bit or int8 model's steps of a few rows read its
-weights as they are held, by the row kernels (`rows`, `tfgpt2.kernels`): XLA's products of
-those dtypes run at a fraction of the memory's rate at one row, and as float32 at more.
+Where the CPU has AVX-512 (BF16, VNNI), a model's steps of a few rows read its weights once as
+they are held, by the kernels (`rows`, `tfgpt2.kernels`): XLA's products of 16-bit and int8
+weights run at a fraction of the memory's rate at one row, and as float32 at more; of float32
+weights, a tenth slower than the kernels at one row and a quarter at four.
 On a GPU the layer's own product is the fast one, so none of this is used there. Same numbers
 either way (the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
@@ -59,14 +60,22 @@ class Rows(NamedTuple):
     w: tf.Tensor
 
 
+class Columns(NamedTuple):
+    """A float32 layer's own weight [nx, nf] that a product of a few rows reads by the column
+    kernel (`kernels.column_product`)."""
+    w: tf.Tensor
+
+
 def rows(model):
-    """A 16-bit or int8 model's block weights for a decoding step of at most ROWS rows, read by
-    the row kernels (`Rows`): a 16-bit model's copies as [nf, nx] in its dtype (170 MB for
-    124M), an int8 model's own weights (held so); None where the kernels do not multiply the
-    model's dtype here (and for a float32 model)."""
+    """A model's block weights for a decoding step of at most ROWS rows, read by the kernels: a
+    float32 model's own weights (`Columns`), a 16-bit model's copies as [nf, nx] in its dtype
+    (`Rows`, 170 MB for 124M), an int8 model's own weights (held so, `Rows`); None where the
+    kernels do not multiply the model's dtype here."""
     dtype = tf.int8 if not usable(model) else tf.as_dtype(model.compute_dtype)
-    if dtype == tf.float32 or not kernels.supports(dtype):
+    if not kernels.supports(dtype):
         return None
+    if dtype == tf.float32:
+        return [tuple(Columns(tf.reshape(conv.w, [-1, conv.nf])) for conv in convs(block)) for block in model.h]
     held = (lambda conv: tf.convert_to_tensor(conv.w)) if dtype == tf.int8 else (
         lambda conv: _transposed(conv, model, dtype))
     return [tuple(Rows(held(conv)) for conv in convs(block)) for block in model.h]
@@ -85,8 +94,8 @@ def one_row16(model):
 
 
 def by_rows(layouts):
-    """Whether `layouts` (one per block, or None) are read by the row kernels."""
-    return bool(layouts) and isinstance(layouts[0][0], Rows)
+    """Whether `layouts` (one per block, or None) are read by the kernels (`rows`)."""
+    return bool(layouts) and isinstance(layouts[0][0], (Rows, Columns))
 
 
 def widened(model):

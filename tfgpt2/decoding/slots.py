@@ -89,8 +89,8 @@ class Slots:
         self.layouts = (None if not (cpus_only() and layouts.usable(model)) else
                         layouts.split(model) if max_batch == 1 else layouts.transposed(model))
         self.head = None if self.layouts is None else layouts.head(model)  # a 16-bit wte's float32 copy
-        # a 16-bit or int8 model's steps of a few rows by the row kernels, where they run here (`layouts.rows`);
-        # else a 16-bit model's one-row steps, its block weights as 16-bit [nf, nx] copies (`layouts.one_row16`)
+        # the steps of a few rows by the kernels, where they run here (`layouts.rows`); else a 16-bit
+        # model's one-row steps, its block weights as 16-bit [nf, nx] copies (`layouts.one_row16`)
         self.rows = layouts.rows(model) if cpus_only() else None
         self.one_row16 = (None if self.layouts is None or self.rows is not None or model.compute_dtype == "float32"
                           else layouts.one_row16(model))
@@ -317,8 +317,8 @@ class Slots:
         return s["tokens"], end["count"] - row["count"], end["finish"], end["cut"], s["logprob"], s["top"]
 
     def _layouts(self, rows):
-        """The layouts of a decode step of `rows` rows: `layouts.rows` (by the row kernels) at
-        most `layouts.ROWS` rows where there are; else at one row, `layouts.split` for a float32
+        """The layouts of a decode step of `rows` rows: `layouts.rows` (by the kernels) at most
+        `layouts.ROWS` rows where there are; else at one row, `layouts.split` for a float32
         model (its own weights, a tenth faster there than the copies) and `layouts.one_row16` for a
         16-bit one (read in 16 bits, not as the float32 copies)."""
         if self.rows is not None and rows <= layouts.ROWS:

@@ -1,15 +1,17 @@
-"""Row products on the CPU's own 16-bit and 8-bit instructions (`rows.cc`): y = x w^T for a few
-rows x [m, nx] and a weight held as w [nf, nx], bfloat16 into float32 (AVX-512 BF16) or int8
-into int32 (AVX-512 VNNI, exact), reading w once as it is held. XLA's CPU backend multiplies
-such operands as float32 or int32 copies, at a fraction of the memory's rate; a decoding step
-at a few rows is that product, over every weight (docs/performance.md).
+"""Products of a few rows on the CPU's own AVX-512 instructions (`rows.cc`), each weight read
+once as it is held: y = x w^T for x [m, nx] and w [nf, nx], bfloat16 into float32 (AVX-512
+BF16), float32, or int8 into int32 (VNNI, exact) (`row_product`); y = x w for float32 w [nx, nf]
+as a layer holds it (`column_product`). XLA's CPU backend multiplies 16-bit and 8-bit operands
+as float32 or int32 copies, and a few rows by any weight, at a fraction of the memory's rate; a
+decoding step at a few rows is that product, over every weight (docs/performance.md).
 
-An XLA op only: the decoding programs' products on a CPU use it (`decoding.layouts.rows`);
-nothing exported (SavedModel, LiteRT) holds it. Built from its source at first use, as
+XLA ops only: the decoding programs' products on a CPU use them (`decoding.layouts.rows`);
+nothing exported (SavedModel, LiteRT) holds them. Built from the source at first use, as
 TensorFlow builds a custom op (`tf.sysconfig`'s flags, the C++ compiler `CXX` or g++), into
 the user's cache folder under a name that digests the source, TensorFlow's version and the
-compiler, then loaded into the process. `row_product` is None where the CPU lacks the
-instructions, no compiler is found, the build fails (a warning says why), or TFGPT2_KERNELS=0.
+compiler, then loaded into the process. The products are not used (`supports` is false) where
+the CPU lacks the instructions, no compiler is found, the build fails (a warning says why), or
+TFGPT2_KERNELS=0.
 """
 import functools
 import hashlib
@@ -23,21 +25,29 @@ from pathlib import Path
 import tensorflow as tf
 
 SOURCE = Path(__file__).with_name("rows.cc")
-FLAGS = {tf.bfloat16: ("avx512f", "avx512bw", "avx512_bf16"), tf.int8: ("avx512f", "avx512bw", "avx512_vnni")}
-OUTPUT = {tf.bfloat16: tf.float32, tf.int8: tf.int32}
+FLAGS = {tf.bfloat16: ("avx512f", "avx512bw", "avx512_bf16"), tf.float32: ("avx512f", "avx512bw"),
+         tf.int8: ("avx512f", "avx512bw", "avx512_vnni")}
+OUTPUT = {tf.bfloat16: tf.float32, tf.float32: tf.float32, tf.int8: tf.int32}
 
 
 def row_product(x, w):
-    """x [m, nx] @ w [nf, nx]^T: bfloat16 into float32, int8 into int32, inside an XLA program
-    on a CPU, in parts that run side by side on the cores XLA uses. Raises where `supports`
-    is false for the dtype."""
+    """x [m, nx] @ w [nf, nx]^T: bfloat16 or float32 into float32, int8 into int32, inside an
+    XLA program on a CPU, in parts that run side by side on the cores XLA uses. Raises where
+    `supports` is false for the dtype."""
     if not supports(x.dtype):
         raise ValueError(f"no row product for {x.dtype.name} on this machine (tfgpt2.kernels.supports)")
     return library().row_product(x, w, U=OUTPUT[x.dtype], parts=cores())
 
 
+def column_product(x, w):
+    """x [m, nx] @ w [nx, nf], float32 (a layer's own weight), as `row_product` runs."""
+    if not supports(tf.float32):
+        raise ValueError("no column product on this machine (tfgpt2.kernels.supports)")
+    return library().column_product(x, w, parts=cores())
+
+
 def supports(dtype):
-    """Whether `row_product` runs for `dtype` (bfloat16 or int8) here."""
+    """Whether the products run for `dtype` (bfloat16, float32 or int8) here."""
     dtype = tf.as_dtype(dtype)
     return dtype in FLAGS and cpu_has(FLAGS[dtype]) and library() is not None
 
@@ -79,8 +89,8 @@ def library():
             build(command, path)
         except (OSError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
-            warnings.warn(f"tfgpt2.kernels: building {SOURCE.name} failed, so decoding multiplies 16-bit and "
-                          f"8-bit weights as XLA does: {detail[-2000:]}")
+            warnings.warn(f"tfgpt2.kernels: building {SOURCE.name} failed, so decoding multiplies its weights "
+                          f"as XLA does: {detail[-2000:]}")
             return None
     return tf.load_op_library(str(path))
 

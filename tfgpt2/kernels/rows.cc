@@ -1,10 +1,12 @@
 // RowProduct: y = x w^T for a few rows x [m, nx] and a weight held as w [nf, nx] (each
-// output's weights in a row), reading w once, on the CPU's AVX-512 BF16 and VNNI instructions:
-// bfloat16 x and w into float32 y (each pair's products summed in float32), int8 x and w into
-// int32 y (exact). XLA's CPU backend multiplies 16-bit and 8-bit operands as float32 or int32
-// copies; here they are read as they are held. Under XLA only: the op lowers to a CPU custom
-// call that splits nf into `parts`, run side by side by the calling thread and parts - 1
-// threads of its own (XLA's CPU runtime runs a decoding step's operations one after another).
+// output's weights in a row), reading w once, on the CPU's AVX-512 instructions (BF16, VNNI):
+// bfloat16 or float32 x and w into float32 y (bfloat16 pairs' products summed in float32), int8
+// x and w into int32 y (exact). ColumnProduct: y = x w for float32 w [nx, nf], as a layer holds
+// it. XLA's CPU backend multiplies 16-bit and 8-bit operands as float32 or int32 copies, and a
+// few rows by a float32 weight at a fraction of the memory's rate; here each weight is read once,
+// as it is held. Under XLA only: each op lowers to a CPU custom call that splits w into `parts`,
+// run side by side by the calling thread and parts - 1 threads of its own (XLA's CPU runtime
+// runs a decoding step's operations one after another).
 #include <immintrin.h>
 #include <unistd.h>
 
@@ -40,29 +42,38 @@ TARGET inline __m512i load(const void* p, int64_t bytes) {
   return bytes >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8((__mmask64(1) << bytes) - 1, p);
 }
 
-// acc[i][j] += x[r+i, k:k+32] . w[f+j, k:k+32] (of which `bytes` / 2 are read), for a tile of
-// X rows of x and R rows of w: each vector loaded once for all the pairs it enters
-template <int X, int R>
-TARGET inline void bf16_step(__m512 (&acc)[X][R], const uint16_t* x, const uint16_t* w, int64_t nx, int64_t r,
-                             int64_t f, int64_t k, int64_t bytes) {
-  __m512bh xs[X];
-  for (int i = 0; i < X; ++i) xs[i] = (__m512bh)load(x + (r + i) * nx + k, bytes);
+// acc += x . w over a vector of each: bfloat16 pairs' products summed (BF16), or float32's
+TARGET inline __m512 multiply_add(__m512 acc, __m512i x, __m512i w, uint16_t) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+}
+TARGET inline __m512 multiply_add(__m512 acc, __m512i x, __m512i w, float) {
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(w), acc);
+}
+
+// acc[i][j] += x[r+i, k:] . w[f+j, k:] over a vector (`bytes` of it read), for a tile of X rows
+// of x and R rows of w: each vector loaded once for all the pairs it enters
+template <typename T, int X, int R>
+TARGET inline void float_step(__m512 (&acc)[X][R], const T* x, const T* w, int64_t nx, int64_t r, int64_t f,
+                              int64_t k, int64_t bytes) {
+  __m512i xs[X];
+  for (int i = 0; i < X; ++i) xs[i] = load(x + (r + i) * nx + k, bytes);
   for (int j = 0; j < R; ++j) {
-    const __m512bh ws = (__m512bh)load(w + (f + j) * nx + k, bytes);
-    for (int i = 0; i < X; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xs[i], ws);
+    const __m512i ws = load(w + (f + j) * nx + k, bytes);
+    for (int i = 0; i < X; ++i) acc[i][j] = multiply_add(acc[i][j], xs[i], ws, T());
   }
 }
 
-// y[r:r+X, f:f+R] = x[r:r+X] . w[f:f+R]^T, each pair's sum in its own accumulator
-template <int X, int R>
-TARGET void bf16_tile(float* y, const uint16_t* x, const uint16_t* w, int64_t nx, int64_t nf, int64_t r,
-                      int64_t f) {
+// y[r:r+X, f:f+R] = x[r:r+X] . w[f:f+R]^T, T bfloat16 (as uint16_t) or float32, each pair's sum
+// in its own accumulator
+template <typename T, int X, int R>
+TARGET void float_tile(float* y, const T* x, const T* w, int64_t nx, int64_t nf, int64_t r, int64_t f) {
+  constexpr int64_t per = 64 / sizeof(T);
   __m512 acc[X][R];
   for (int i = 0; i < X; ++i)
     for (int j = 0; j < R; ++j) acc[i][j] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + 32 <= nx; k += 32) bf16_step<X, R>(acc, x, w, nx, r, f, k, 64);
-  if (k < nx) bf16_step<X, R>(acc, x, w, nx, r, f, k, 2 * (nx - k));
+  for (; k + per <= nx; k += per) float_step<T, X, R>(acc, x, w, nx, r, f, k, 64);
+  if (k < nx) float_step<T, X, R>(acc, x, w, nx, r, f, k, sizeof(T) * (nx - k));
   for (int i = 0; i < X; ++i)
     for (int j = 0; j < R; ++j) y[(r + i) * nf + f + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
@@ -198,8 +209,14 @@ void each_row(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, i
 
 extern "C" void tfgpt2_rows_bf16(void* out, const void** in, const char* opaque, size_t length,
                                  XlaCustomCallStatus*) {
-  rows<uint16_t, float, group<uint16_t, float, bf16_tile<4, kRows / 2>, bf16_tile<1, kRows>, kRows>,
-       each_row<uint16_t, float, bf16_tile<1, 1>>>(out, in, opaque, length);
+  rows<uint16_t, float, group<uint16_t, float, float_tile<uint16_t, 4, kRows / 2>, float_tile<uint16_t, 1, kRows>, kRows>,
+       each_row<uint16_t, float, float_tile<uint16_t, 1, 1>>>(out, in, opaque, length);
+}
+
+extern "C" void tfgpt2_rows_f32(void* out, const void** in, const char* opaque, size_t length,
+                                XlaCustomCallStatus*) {
+  rows<float, float, group<float, float, float_tile<float, 4, kRows / 2>, float_tile<float, 1, kRows>, kRows>,
+       each_row<float, float, float_tile<float, 1, 1>>>(out, in, opaque, length);
 }
 
 extern "C" void tfgpt2_rows_int8(void* out, const void** in, const char* opaque, size_t length,
@@ -208,8 +225,81 @@ extern "C" void tfgpt2_rows_int8(void* out, const void** in, const char* opaque,
        each_row<int8_t, int32_t, int8_tile<1, 1>>>(out, in, opaque, length);
 }
 
+// 16 floats at p, or with `Masked` only those of `in` (the rest read as 0)
+template <bool Masked>
+TARGET inline __m512 read16(const float* p, __mmask16 in) {
+  return Masked ? _mm512_maskz_loadu_ps(in, p) : _mm512_loadu_ps(p);
+}
+
+// y[i, f:f+16] += x[i, k:k+4] . w[k:k+4, f:f+16] (float32, w [nx, nf]); with `Masked`, only the
+// outputs of `in` (a row's tail)
+template <bool Masked>
+TARGET inline void column_step(float* yi, const __m512 (&xs)[4], const float* wk, int64_t nf, int64_t f,
+                               __mmask16 in = 0) {
+  __m512 a = read16<Masked>(yi + f, in);
+  for (int j = 0; j < 4; ++j) a = _mm512_fmadd_ps(xs[j], read16<Masked>(wk + j * nf + f, in), a);
+  if (Masked)
+    _mm512_mask_storeu_ps(yi + f, in, a);
+  else
+    _mm512_storeu_ps(yi + f, a);
+}
+
+// y[i] += x[i, k0:k1] . w[k0:k1] for each row i of x (float32, w [nx, nf] as a layer holds it):
+// w's rows read once, in order, four at a time, y kept in the cache; whole vectors unmasked, a
+// row's tail under a mask
+TARGET void column_part(float* y, const float* x, const float* w, int64_t m, int64_t nx, int64_t nf, int64_t k0,
+                        int64_t k1) {
+  const __mmask16 tail = (__mmask16(1) << (nf % 16)) - 1;
+  int64_t k = k0;
+  for (; k + 4 <= k1; k += 4)
+    for (int64_t i = 0; i < m; ++i) {
+      const __m512 xs[4] = {_mm512_set1_ps(x[i * nx + k]), _mm512_set1_ps(x[i * nx + k + 1]),
+                            _mm512_set1_ps(x[i * nx + k + 2]), _mm512_set1_ps(x[i * nx + k + 3])};
+      int64_t f = 0;
+      for (; f + 16 <= nf; f += 16) column_step<false>(y + i * nf, xs, w + k * nf, nf, f);
+      if (f < nf) column_step<true>(y + i * nf, xs, w + k * nf, nf, f, tail);
+    }
+  for (; k < k1; ++k)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t f = 0; f < nf; ++f) y[i * nf + f] += x[i * nx + k] * w[k * nf + f];
+}
+
+// y [m, nf] = x [m, nx] . w [nx, nf], nx split into `parts` runs of w's rows (whole groups of four),
+// each part's sums into a y of its own, added up at the end
+extern "C" void tfgpt2_columns_f32(void* out, const void** in, const char* opaque, size_t length,
+                                   XlaCustomCallStatus*) {
+  int64_t m, nx, nf, parts;
+  std::sscanf(std::string(opaque, length).c_str(), "%ld %ld %ld %ld", &m, &nx, &nf, &parts);
+  float* y = static_cast<float*>(out);
+  const float* x = static_cast<const float*>(in[0]);
+  const float* w = static_cast<const float*>(in[1]);
+  const int64_t groups = nx / 4;
+  parts = std::max<int64_t>(1, std::min(parts, groups));
+  std::vector<float> sums(parts * m * nf, 0.0f);
+  team().run(int(parts), [&](int p) {
+    const int64_t k1 = p + 1 == parts ? nx : groups * (p + 1) / parts * 4;
+    column_part(sums.data() + p * m * nf, x, w, m, nx, nf, groups * p / parts * 4, k1);
+  });
+  std::copy(sums.begin(), sums.begin() + m * nf, y);
+  for (int64_t p = 1; p < parts; ++p)
+    for (int64_t i = 0; i < m * nf; ++i) y[i] += sums[p * m * nf + i];
+}
+
 XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_rows_bf16", tfgpt2_rows_bf16, "Host");
+XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_rows_f32", tfgpt2_rows_f32, "Host");
 XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_rows_int8", tfgpt2_rows_int8, "Host");
+XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_columns_f32", tfgpt2_columns_f32, "Host");
+
+// the custom call of `target` on x and w, giving [m, nf] of `type`
+xla::XlaOp custom_call(tensorflow::XlaOpKernelContext* ctx, const char* target, xla::PrimitiveType type, int64_t m,
+                       int64_t nx, int64_t nf, int64_t parts) {
+  const std::string opaque =
+      std::to_string(m) + " " + std::to_string(nx) + " " + std::to_string(nf) + " " + std::to_string(parts);
+  return xla::CustomCall(ctx->builder(), target, {ctx->Input(0), ctx->Input(1)}, xla::ShapeUtil::MakeShape(type, {m, nf}),
+                         opaque, /*has_side_effect=*/false, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
+                         xla::CustomCallSchedule::SCHEDULE_NONE,
+                         xla::CustomCallApiVersion::API_VERSION_STATUS_RETURNING_UNIFIED);
+}
 
 class RowProduct : public tensorflow::XlaOpKernel {
  public:
@@ -218,8 +308,8 @@ class RowProduct : public tensorflow::XlaOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &type_));
     tensorflow::DataType out;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("U", &out));
-    OP_REQUIRES(ctx, out == (type_ == tensorflow::DT_BFLOAT16 ? tensorflow::DT_FLOAT : tensorflow::DT_INT32),
-                absl::InvalidArgumentError("RowProduct: bfloat16 into float32, int8 into int32"));
+    OP_REQUIRES(ctx, out == (type_ == tensorflow::DT_INT8 ? tensorflow::DT_INT32 : tensorflow::DT_FLOAT),
+                absl::InvalidArgumentError("RowProduct: bfloat16 or float32 into float32, int8 into int32"));
     OP_REQUIRES(ctx, parts_ >= 1, absl::InvalidArgumentError("RowProduct: parts must be >= 1"));
   }
 
@@ -228,21 +318,35 @@ class RowProduct : public tensorflow::XlaOpKernel {
     OP_REQUIRES(ctx, xs.dims() == 2 && ws.dims() == 2 && xs.dim_size(1) == ws.dim_size(1),
                 absl::InvalidArgumentError("RowProduct: x [m, nx] and w [nf, nx]; got x " + xs.DebugString() +
                                            " and w " + ws.DebugString()));
-    const bool bf16 = type_ == tensorflow::DT_BFLOAT16;
-    const int64_t m = xs.dim_size(0), nf = ws.dim_size(0);
-    const std::string opaque = std::to_string(m) + " " + std::to_string(xs.dim_size(1)) + " " +
-                               std::to_string(nf) + " " + std::to_string(parts_);
-    ctx->SetOutput(0, xla::CustomCall(ctx->builder(), bf16 ? "tfgpt2_rows_bf16" : "tfgpt2_rows_int8",
-                                      {ctx->Input(0), ctx->Input(1)},
-                                      xla::ShapeUtil::MakeShape(bf16 ? xla::F32 : xla::S32, {m, nf}), opaque,
-                                      /*has_side_effect=*/false, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
-                                      xla::CustomCallSchedule::SCHEDULE_NONE,
-                                      xla::CustomCallApiVersion::API_VERSION_STATUS_RETURNING_UNIFIED));
+    const bool int8 = type_ == tensorflow::DT_INT8;
+    const char* target = int8 ? "tfgpt2_rows_int8" : type_ == tensorflow::DT_FLOAT ? "tfgpt2_rows_f32" : "tfgpt2_rows_bf16";
+    ctx->SetOutput(0, custom_call(ctx, target, int8 ? xla::S32 : xla::F32, xs.dim_size(0), xs.dim_size(1),
+                                  ws.dim_size(0), parts_));
   }
 
  private:
   int64_t parts_;
   tensorflow::DataType type_;
+};
+
+class ColumnProduct : public tensorflow::XlaOpKernel {
+ public:
+  explicit ColumnProduct(tensorflow::OpKernelConstruction* ctx) : XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("parts", &parts_));
+    OP_REQUIRES(ctx, parts_ >= 1, absl::InvalidArgumentError("ColumnProduct: parts must be >= 1"));
+  }
+
+  void Compile(tensorflow::XlaOpKernelContext* ctx) override {
+    const tensorflow::TensorShape xs = ctx->InputShape(0), ws = ctx->InputShape(1);
+    OP_REQUIRES(ctx, xs.dims() == 2 && ws.dims() == 2 && xs.dim_size(1) == ws.dim_size(0),
+                absl::InvalidArgumentError("ColumnProduct: x [m, nx] and w [nx, nf]; got x " + xs.DebugString() +
+                                           " and w " + ws.DebugString()));
+    ctx->SetOutput(0, custom_call(ctx, "tfgpt2_columns_f32", xla::F32, xs.dim_size(0), xs.dim_size(1),
+                                  ws.dim_size(1), parts_));
+  }
+
+ private:
+  int64_t parts_;
 };
 
 }  // namespace
@@ -251,7 +355,7 @@ REGISTER_OP("RowProduct")
     .Input("x: T")
     .Input("w: T")
     .Output("y: U")
-    .Attr("T: {bfloat16, int8}")
+    .Attr("T: {bfloat16, float, int8}")
     .Attr("U: {float, int32}")
     .Attr("parts: int = 1")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
@@ -262,3 +366,15 @@ REGISTER_OP("RowProduct")
 // a kernel of XLA's CPU device, registered directly: REGISTER_XLA_OP's registry is read once,
 // at the process's first XLA compile, which may come before this library is loaded
 REGISTER_KERNEL_BUILDER(Name("RowProduct").Device(tensorflow::DEVICE_CPU_XLA_JIT), RowProduct);
+
+REGISTER_OP("ColumnProduct")
+    .Input("x: float")
+    .Input("w: float")
+    .Output("y: float")
+    .Attr("parts: int = 1")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), c->Dim(c->input(1), 1)));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("ColumnProduct").Device(tensorflow::DEVICE_CPU_XLA_JIT), ColumnProduct);
