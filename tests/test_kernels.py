@@ -1,7 +1,10 @@
 """`tfgpt2.kernels`: the products on the CPU's AVX-512 instructions (BF16, VNNI), against NumPy
 (bfloat16 and float32 to float32's rounding of the sums, int8 exactly), their build, and where
 decoding reads its weights by them."""
+import json
+import os
 import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -92,6 +95,33 @@ def test_a_failed_build_warns_and_leaves_no_file(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert kernels.library.__wrapped__() is None  # turned off: not built, nothing said
+
+
+CACHED = """
+import json, numpy as np, tensorflow as tf
+from tfgpt2 import kernels
+x, w = np.arange(6, dtype=np.float32).reshape(1, 6) / 7, np.arange(18, dtype=np.float32).reshape(6, 3) / 5
+both = tf.function(lambda x, w: (kernels.column_product(x, w), kernels.row_product(tf.cast(x, tf.bfloat16),
+                                 tf.cast(tf.transpose(w), tf.bfloat16))), jit_compile=True)
+print(json.dumps([y.numpy().tolist() for y in both(x, w)]))
+"""
+
+
+@pytest.mark.slow
+def test_a_program_holding_the_kernels_loads_from_xlas_persistent_cache(tmp_path):
+    """The kernels are typed XLA FFI handlers: a program compiled in one process and loaded from
+    XLA's persistent cache in the next gives the same products (an untyped custom call crashed
+    the second process)."""
+    needs(tf.bfloat16)
+    env = dict(os.environ, TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={tmp_path}", TF_CPP_MIN_LOG_LEVEL="3")
+    first, second = (subprocess.run([sys.executable, "-c", CACHED], env=env, capture_output=True, text=True, timeout=300)
+                     for _ in range(2))
+    assert first.returncode == second.returncode == 0, second.stderr[-2000:]
+    assert list(tmp_path.iterdir()) and first.stdout == second.stdout
+    expected = (np.arange(6).reshape(1, 6) / 7) @ (np.arange(18).reshape(6, 3) / 5)
+    columns, rows = json.loads(first.stdout)
+    np.testing.assert_allclose(columns, expected, rtol=1e-6)
+    np.testing.assert_allclose(rows, expected, rtol=2e-2)  # bfloat16 operands
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):

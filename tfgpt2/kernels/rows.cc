@@ -4,7 +4,8 @@
 // x and w into int32 y (exact). ColumnProduct: y = x w for float32 w [nx, nf], as a layer holds
 // it. XLA's CPU backend multiplies 16-bit and 8-bit operands as float32 or int32 copies, and a
 // few rows by a float32 weight at a fraction of the memory's rate; here each weight is read once,
-// as it is held. Under XLA only: each op lowers to a CPU custom call that splits w into `parts`,
+// as it is held. Under XLA only: each op lowers to a CPU custom call (a typed FFI handler: a
+// program holding it loads from XLA's persistent cache too) that splits w into `parts`,
 // run side by side by the calling thread and parts - 1 threads of its own (XLA's CPU runtime
 // runs a decoding step's operations one after another).
 #include <immintrin.h>
@@ -14,7 +15,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -26,9 +26,13 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "xla/hlo/builder/xla_builder.h"
-#include "xla/service/custom_call_status.h"
-#include "xla/service/custom_call_target_registry.h"
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/ffi.h"
 #include "xla/shape_util.h"
+
+namespace xla::ffi {
+const XLA_FFI_Api* GetXlaFfiApi();  // TensorFlow's XLA's (libtensorflow_framework; its header needs MLIR's)
+}  // namespace xla::ffi
 
 namespace {
 
@@ -186,12 +190,7 @@ Team& team() {
 // y [m, nf] = x [m, nx] . w^T, nf split into `parts` runs of whole groups of kRows rows of w
 template <typename T, typename Y, void (*Group)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t),
           void (*Rest)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t)>
-void rows(void* out, const void** in, const char* opaque, size_t length) {
-  int64_t m, nx, nf, parts;
-  std::sscanf(std::string(opaque, length).c_str(), "%ld %ld %ld %ld", &m, &nx, &nf, &parts);
-  Y* y = static_cast<Y*>(out);
-  const T* x = static_cast<const T*>(in[0]);
-  const T* w = static_cast<const T*>(in[1]);
+void rows(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, int64_t parts) {
   const int64_t groups = nf / kRows;
   parts = std::max<int64_t>(1, std::min(parts, groups));
   team().run(int(parts), [&](int p) {
@@ -207,23 +206,25 @@ void each_row(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, i
   for (int64_t r = 0; r < m; ++r) Tile(y, x, w, nx, nf, r, f);
 }
 
-extern "C" void tfgpt2_rows_bf16(void* out, const void** in, const char* opaque, size_t length,
-                                 XlaCustomCallStatus*) {
-  rows<uint16_t, float, group<uint16_t, float, float_tile<uint16_t, 4, kRows / 2>, float_tile<uint16_t, 1, kRows>, kRows>,
-       each_row<uint16_t, float, float_tile<uint16_t, 1, 1>>>(out, in, opaque, length);
+// a product as an XLA FFI handler: x [m, nx], w [nf, nx] (or [nx, nf]: `Columns`), y [m, nf]
+template <typename T, typename Y, void (*Product)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t),
+          bool Columns = false>
+xla::ffi::Error product(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer w, xla::ffi::Result<xla::ffi::AnyBuffer> y,
+                        int64_t parts) {
+  const auto xs = x.dimensions(), ws = w.dimensions();
+  Product(static_cast<Y*>(y->untyped_data()), static_cast<const T*>(x.untyped_data()),
+          static_cast<const T*>(w.untyped_data()), xs[0], xs[1], Columns ? ws[1] : ws[0], parts);
+  return xla::ffi::Error::Success();
 }
 
-extern "C" void tfgpt2_rows_f32(void* out, const void** in, const char* opaque, size_t length,
-                                XlaCustomCallStatus*) {
-  rows<float, float, group<float, float, float_tile<float, 4, kRows / 2>, float_tile<float, 1, kRows>, kRows>,
-       each_row<float, float, float_tile<float, 1, 1>>>(out, in, opaque, length);
-}
-
-extern "C" void tfgpt2_rows_int8(void* out, const void** in, const char* opaque, size_t length,
-                                 XlaCustomCallStatus*) {
-  rows<int8_t, int32_t, group<int8_t, int32_t, int8_tile<4, kRows / 2>, int8_tile<1, kRows>, kRows>,
-       each_row<int8_t, int32_t, int8_tile<1, 1>>>(out, in, opaque, length);
-}
+constexpr auto rows_bf16 =
+    rows<uint16_t, float, group<uint16_t, float, float_tile<uint16_t, 4, kRows / 2>, float_tile<uint16_t, 1, kRows>, kRows>,
+         each_row<uint16_t, float, float_tile<uint16_t, 1, 1>>>;
+constexpr auto rows_f32 =
+    rows<float, float, group<float, float, float_tile<float, 4, kRows / 2>, float_tile<float, 1, kRows>, kRows>,
+         each_row<float, float, float_tile<float, 1, 1>>>;
+constexpr auto rows_int8 = rows<int8_t, int32_t, group<int8_t, int32_t, int8_tile<4, kRows / 2>, int8_tile<1, kRows>, kRows>,
+                                each_row<int8_t, int32_t, int8_tile<1, 1>>>;
 
 // 16 floats at p, or with `Masked` only those of `in` (the rest read as 0)
 template <bool Masked>
@@ -266,13 +267,7 @@ TARGET void column_part(float* y, const float* x, const float* w, int64_t m, int
 
 // y [m, nf] = x [m, nx] . w [nx, nf], nx split into `parts` runs of w's rows (whole groups of four),
 // each part's sums into a y of its own, added up at the end
-extern "C" void tfgpt2_columns_f32(void* out, const void** in, const char* opaque, size_t length,
-                                   XlaCustomCallStatus*) {
-  int64_t m, nx, nf, parts;
-  std::sscanf(std::string(opaque, length).c_str(), "%ld %ld %ld %ld", &m, &nx, &nf, &parts);
-  float* y = static_cast<float*>(out);
-  const float* x = static_cast<const float*>(in[0]);
-  const float* w = static_cast<const float*>(in[1]);
+void columns_f32(float* y, const float* x, const float* w, int64_t m, int64_t nx, int64_t nf, int64_t parts) {
   const int64_t groups = nx / 4;
   parts = std::max<int64_t>(1, std::min(parts, groups));
   std::vector<float> sums(parts * m * nf, 0.0f);
@@ -285,20 +280,28 @@ extern "C" void tfgpt2_columns_f32(void* out, const void** in, const char* opaqu
     for (int64_t i = 0; i < m * nf; ++i) y[i] += sums[p * m * nf + i];
 }
 
-XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_rows_bf16", tfgpt2_rows_bf16, "Host");
-XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_rows_f32", tfgpt2_rows_f32, "Host");
-XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_rows_int8", tfgpt2_rows_int8, "Host");
-XLA_REGISTER_CUSTOM_CALL_TARGET_WITH_SYM("tfgpt2_columns_f32", tfgpt2_columns_f32, "Host");
+// the handlers' one signature: x, w, y and the attribute `parts`
+#define TFGPT2_BINDING                                                                                 \
+  xla::ffi::Ffi::Bind().Arg<xla::ffi::AnyBuffer>().Arg<xla::ffi::AnyBuffer>().Ret<xla::ffi::AnyBuffer>().Attr<int64_t>( \
+      "parts")
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsBf16, (product<uint16_t, float, rows_bf16>), TFGPT2_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsF32, (product<float, float, rows_f32>), TFGPT2_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsInt8, (product<int8_t, int32_t, rows_int8>), TFGPT2_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kColumnsF32, (product<float, float, columns_f32, true>), TFGPT2_BINDING);
+// typed FFI handlers: a program holding them loads again from XLA's persistent cache (a custom call
+// of the older untyped API crashed there)
+XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_bf16", "Host", kRowsBf16);
+XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_f32", "Host", kRowsF32);
+XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_int8", "Host", kRowsInt8);
+XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_columns_f32", "Host", kColumnsF32);
 
 // the custom call of `target` on x and w, giving [m, nf] of `type`
 xla::XlaOp custom_call(tensorflow::XlaOpKernelContext* ctx, const char* target, xla::PrimitiveType type, int64_t m,
-                       int64_t nx, int64_t nf, int64_t parts) {
-  const std::string opaque =
-      std::to_string(m) + " " + std::to_string(nx) + " " + std::to_string(nf) + " " + std::to_string(parts);
+                       int64_t nf, int64_t parts) {
   return xla::CustomCall(ctx->builder(), target, {ctx->Input(0), ctx->Input(1)}, xla::ShapeUtil::MakeShape(type, {m, nf}),
-                         opaque, /*has_side_effect=*/false, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
-                         xla::CustomCallSchedule::SCHEDULE_NONE,
-                         xla::CustomCallApiVersion::API_VERSION_STATUS_RETURNING_UNIFIED);
+                         "{parts = " + std::to_string(parts) + " : i64}", /*has_side_effect=*/false,
+                         /*output_operand_aliasing=*/{}, /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
+                         xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
 }
 
 class RowProduct : public tensorflow::XlaOpKernel {
@@ -320,8 +323,7 @@ class RowProduct : public tensorflow::XlaOpKernel {
                                            " and w " + ws.DebugString()));
     const bool int8 = type_ == tensorflow::DT_INT8;
     const char* target = int8 ? "tfgpt2_rows_int8" : type_ == tensorflow::DT_FLOAT ? "tfgpt2_rows_f32" : "tfgpt2_rows_bf16";
-    ctx->SetOutput(0, custom_call(ctx, target, int8 ? xla::S32 : xla::F32, xs.dim_size(0), xs.dim_size(1),
-                                  ws.dim_size(0), parts_));
+    ctx->SetOutput(0, custom_call(ctx, target, int8 ? xla::S32 : xla::F32, xs.dim_size(0), ws.dim_size(0), parts_));
   }
 
  private:
@@ -341,8 +343,7 @@ class ColumnProduct : public tensorflow::XlaOpKernel {
     OP_REQUIRES(ctx, xs.dims() == 2 && ws.dims() == 2 && xs.dim_size(1) == ws.dim_size(0),
                 absl::InvalidArgumentError("ColumnProduct: x [m, nx] and w [nx, nf]; got x " + xs.DebugString() +
                                            " and w " + ws.DebugString()));
-    ctx->SetOutput(0, custom_call(ctx, "tfgpt2_columns_f32", xla::F32, xs.dim_size(0), xs.dim_size(1),
-                                  ws.dim_size(1), parts_));
+    ctx->SetOutput(0, custom_call(ctx, "tfgpt2_columns_f32", xla::F32, xs.dim_size(0), ws.dim_size(1), parts_));
   }
 
  private:
