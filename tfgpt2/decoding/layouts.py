@@ -8,8 +8,8 @@ model's one row reads 16-bit copies as [nf, nx] (`one_row16`), and its prompt fl
 reads none, its pass run outside XLA, where TensorFlow's kernels multiply bfloat16 natively.
 Where the CPU has AVX-512 (BF16, VNNI), a model's steps of a few rows read its weights once as
 they are held, by the kernels (`rows`, `tfgpt2.kernels`): XLA's products of 16-bit and int8
-weights run at a fraction of the memory's rate at one row, and as float32 at more; of float32
-weights, a tenth slower than the kernels at one row and a quarter at four.
+weights run at a fraction of the memory's rate at one row, and as float32 at more; of a few rows
+by float32 weights, short of it (docs/performance.md).
 On a GPU the layer's own product is the fast one, so none of this is used there. Same numbers
 either way (the 16-bit copy's products sum in another order: to a rounding of the logits).
 """
