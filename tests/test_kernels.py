@@ -46,6 +46,20 @@ def test_bfloat16_rows_are_numpys_products_of_the_bfloat16_values(m, nx, nf):
 
 
 @pytest.mark.parametrize("m, nx, nf", SHAPES)
+def test_biased_bfloat16_rows_round_as_a_bfloat16_layer(m, nx, nf):
+    """`biased_row_product`: the bfloat16 product rounded to bfloat16, b added, rounded (as a
+    bfloat16 `Conv1D` computes x @ w + b), the same bits as those steps after `row_product`."""
+    needs(tf.bfloat16)
+    rng = np.random.default_rng(nx)
+    x, w, b = (tf.cast(rng.normal(0, 1, shape), tf.bfloat16) for shape in ((m, nx), (nf, nx), (nf,)))
+    y = tf.function(kernels.biased_row_product, jit_compile=True)(x, w, b)
+    assert y.dtype == tf.bfloat16 and y.shape == (m, nf)
+    steps = tf.cast(tf.cast(product(x, w), tf.bfloat16) + b, tf.float32).numpy()
+    np.testing.assert_array_equal(tf.cast(y, tf.float32).numpy(), steps)
+    assert not np.array_equal(steps, tf.cast(tf.cast(product(x, w), tf.bfloat16), tf.float32).numpy())  # b added
+
+
+@pytest.mark.parametrize("m, nx, nf", SHAPES)
 def test_float32_rows_and_columns_are_numpys_products(m, nx, nf):
     """`row_product` of w [nf, nx] and `column_product` of w [nx, nf] (a layer's own weight,
     its rows split between the parts and the parts' sums added)."""
@@ -79,6 +93,10 @@ def test_a_product_of_mismatched_widths_names_both_shapes():
         product(tf.zeros([2, 8], tf.int8), tf.zeros([4, 16], tf.int8))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"\[nx, nf\]; got x \[2,8\] and w \[16,8\]"):
         tf.function(kernels.column_product, jit_compile=True)(tf.zeros([2, 8]), tf.zeros([16, 8]))
+    if kernels.supports(tf.bfloat16):
+        x, w, b = (tf.zeros(shape, tf.bfloat16) for shape in ([2, 8], [4, 8], [5]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"got x \[2,8\], w \[4,8\] and b \[5\]"):
+            tf.function(kernels.biased_row_product, jit_compile=True)(x, w, b)
 
 
 def test_a_failed_build_warns_and_leaves_no_file(tmp_path, monkeypatch):

@@ -203,7 +203,8 @@ def while_loops(graph_def):
 def is_product(op_type):
     """tf.matmul's ops, XLA's dot (`tfgpt2.products`' float32 products), or the kernels' products
     (`tfgpt2.kernels`)."""
-    return op_type in ("MatMul", "RowProduct", "ColumnProduct") or op_type.startswith(("BatchMatMul", "XlaDot"))
+    return (op_type in ("MatMul", "RowProduct", "BiasedRowProduct", "ColumnProduct")
+            or op_type.startswith(("BatchMatMul", "XlaDot")))
 
 
 def is_batched(op):

@@ -4,9 +4,9 @@ adapter per thing the layers take on (`adapters/`), the written-out gradients (`
 the checks of the inputs (`inputs.py`), the float32-exact products (`products.py`).
 
 A Keras dtype policy (`GPT2(hparams, dtype="mixed_bfloat16")`) reaches every layer: products
-and the residual stream in its compute dtype, LayerNorm statistics and the attention softmax in
-float32, the logits float32. Under float32 the math is the original's, op for op, but for the
-softmax: TensorFlow's one kernel for the original's exp(w - max) / sum.
+and the residual stream in its compute dtype, LayerNorm statistics, the attention softmax and
+GELU in float32, the logits float32. Under float32 the math is the original's, op for op, but
+for the softmax: TensorFlow's one kernel for the original's exp(w - max) / sum.
 """
 import numpy as np
 import tensorflow as tf
@@ -28,8 +28,10 @@ def shape_list(x):
 
 @written(gelu_grad)
 def gelu(x):
-    """GELU in its tanh form, as GPT-2 was trained (not the erf form); the gradient: `gelu_grad`."""
-    return 0.5 * x * (1 + tf.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3)))), (x,)
+    """GELU in its tanh form, as GPT-2 was trained (not the erf form), in float32 under any dtype
+    policy; the gradient: `gelu_grad`."""
+    x32 = tf.cast(x, tf.float32)
+    return tf.cast(0.5 * x32 * (1 + tf.tanh(np.sqrt(2 / np.pi) * (x32 + 0.044715 * tf.pow(x32, 3)))), x.dtype), (x,)
 
 
 @written(normalize_grad)

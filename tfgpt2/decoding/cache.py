@@ -214,6 +214,10 @@ def project(conv, x, layout):
         w = tf.cast(conv.w, x.dtype)
         if isinstance(layout, Rows) and conv.quantization_mode == "int8":
             y = conv.int8_product(x, lambda q: kernels.row_product(q, layout.w))
+        elif isinstance(layout, Rows) and x.dtype == tf.bfloat16 and not conv.lora_enabled:
+            # the bias added in the kernel: XLA would split the next operation (GELU) between the
+            # cores, which costs more than the operation where its threads were asleep
+            return tf.reshape(kernels.biased_row_product(x, layout.w, tf.cast(conv.b, x.dtype)), start + [conv.nf])
         elif isinstance(layout, Rows):
             y = tf.cast(kernels.row_product(x, layout.w), x.dtype)
         elif isinstance(layout, Columns):

@@ -1,7 +1,8 @@
 """Products of a few rows on the CPU's own AVX-512 instructions (`rows.cc`), each weight read
 once as it is held: y = x w^T for x [m, nx] and w [nf, nx], bfloat16 into float32 (AVX-512
-BF16), float32, or int8 into int32 (VNNI, exact) (`row_product`); y = x w for float32 w [nx, nf]
-as a layer holds it (`column_product`). XLA's CPU backend multiplies 16-bit and 8-bit operands
+BF16), float32, or int8 into int32 (VNNI, exact) (`row_product`); bfloat16 y = x w^T + b as a
+bfloat16 layer computes it (`biased_row_product`); y = x w for float32 w [nx, nf] as a layer
+holds it (`column_product`). XLA's CPU backend multiplies 16-bit and 8-bit operands
 as float32 or int32 copies, and a few rows by any weight, at a fraction of the memory's rate; a
 decoding step at a few rows is that product, over every weight (docs/performance.md).
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import tensorflow as tf
 
 SOURCE = Path(__file__).with_name("rows.cc")
-FLAGS = {tf.bfloat16: ("avx512f", "avx512bw", "avx512_bf16"), tf.float32: ("avx512f", "avx512bw"),
+FLAGS = {tf.bfloat16: ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"), tf.float32: ("avx512f", "avx512bw"),
          tf.int8: ("avx512f", "avx512bw", "avx512_vnni")}
 OUTPUT = {tf.bfloat16: tf.float32, tf.float32: tf.float32, tf.int8: tf.int32}
 
@@ -37,6 +38,14 @@ def row_product(x, w):
     if not supports(x.dtype):
         raise ValueError(f"no row product for {x.dtype.name} on this machine (tfgpt2.kernels.supports)")
     return library().row_product(x, w, U=OUTPUT[x.dtype], parts=cores())
+
+
+def biased_row_product(x, w, b):
+    """x [m, nx] @ w [nf, nx]^T + b [nf], all bfloat16, as a bfloat16 `Conv1D` computes it (the
+    product rounded to bfloat16, b added, rounded), in one pass: no operation of XLA's after it."""
+    if not supports(tf.bfloat16):
+        raise ValueError("no row product for bfloat16 on this machine (tfgpt2.kernels.supports)")
+    return library().biased_row_product(x, w, b, parts=cores())
 
 
 def column_product(x, w):

@@ -1,8 +1,9 @@
 // RowProduct: y = x w^T for a few rows x [m, nx] and a weight held as w [nf, nx] (each
 // output's weights in a row), reading w once, on the CPU's AVX-512 instructions (BF16, VNNI):
 // bfloat16 or float32 x and w into float32 y (bfloat16 pairs' products summed in float32), int8
-// x and w into int32 y (exact). ColumnProduct: y = x w for float32 w [nx, nf], as a layer holds
-// it. XLA's CPU backend multiplies 16-bit and 8-bit operands as float32 or int32 copies, and a
+// x and w into int32 y (exact). BiasedRowProduct: bfloat16 y = x w^T + b as a bfloat16 layer
+// computes it (the product rounded, b added, rounded), in one pass. ColumnProduct: y = x w for
+// float32 w [nx, nf], as a layer holds it. XLA's CPU backend multiplies 16-bit and 8-bit operands as float32 or int32 copies, and a
 // few rows by a float32 weight at a fraction of the memory's rate; here each weight is read once,
 // as it is held. Under XLA only: each op lowers to a CPU custom call (a typed FFI handler: a
 // program holding it loads from XLA's persistent cache too) that splits w into `parts`,
@@ -38,7 +39,7 @@ namespace {
 
 constexpr int kRows = 8;  // weight rows read side by side, each into its own accumulator
 
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vnni")))
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
 
 // 64 bytes at p, or where `bytes` < 64 only the first `bytes` (the rest read as 0): a masked
 // load only for a row's tail (one in a loop halves the loop's rate)
@@ -187,18 +188,26 @@ Team& team() {
   return *team;
 }
 
-// y [m, nf] = x [m, nx] . w^T, nf split into `parts` runs of whole groups of kRows rows of w
+// y [m, nf] = x [m, nx] . w^T, nf split into `parts` runs of whole groups of kRows rows of w;
+// then(f0, f1) on each part's outputs y[:, f0:f1], by the thread that made them
 template <typename T, typename Y, void (*Group)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t),
-          void (*Rest)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t)>
-void rows(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, int64_t parts) {
+          void (*Rest)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t), typename Then>
+void rows_then(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, int64_t parts, const Then& then) {
   const int64_t groups = nf / kRows;
   parts = std::max<int64_t>(1, std::min(parts, groups));
   team().run(int(parts), [&](int p) {
-    for (int64_t f = groups * p / parts * kRows; f < groups * (p + 1) / parts * kRows; f += kRows)
-      Group(y, x, w, m, nx, nf, f);
-    if (p + 1 == parts)
-      for (int64_t f = groups * kRows; f < nf; ++f) Rest(y, x, w, m, nx, nf, f);
+    const int64_t f0 = groups * p / parts * kRows, f1 = groups * (p + 1) / parts * kRows;
+    for (int64_t f = f0; f < f1; f += kRows) Group(y, x, w, m, nx, nf, f);
+    if (p + 1 < parts) return then(f0, f1);
+    for (int64_t f = f1; f < nf; ++f) Rest(y, x, w, m, nx, nf, f);
+    then(f0, nf);
   });
+}
+
+template <typename T, typename Y, void (*Group)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t),
+          void (*Rest)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t)>
+void rows(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, int64_t parts) {
+  rows_then<T, Y, Group, Rest>(y, x, w, m, nx, nf, parts, [](int64_t, int64_t) {});
 }
 
 template <typename T, typename Y, void (*Tile)(Y*, const T*, const T*, int64_t, int64_t, int64_t, int64_t)>
@@ -217,14 +226,48 @@ xla::ffi::Error product(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer w, xla::ffi::
   return xla::ffi::Error::Success();
 }
 
-constexpr auto rows_bf16 =
-    rows<uint16_t, float, group<uint16_t, float, float_tile<uint16_t, 4, kRows / 2>, float_tile<uint16_t, 1, kRows>, kRows>,
-         each_row<uint16_t, float, float_tile<uint16_t, 1, 1>>>;
+constexpr auto group_bf16 =
+    group<uint16_t, float, float_tile<uint16_t, 4, kRows / 2>, float_tile<uint16_t, 1, kRows>, kRows>;
+constexpr auto rest_bf16 = each_row<uint16_t, float, float_tile<uint16_t, 1, 1>>;
+constexpr auto rows_bf16 = rows<uint16_t, float, group_bf16, rest_bf16>;
 constexpr auto rows_f32 =
     rows<float, float, group<float, float, float_tile<float, 4, kRows / 2>, float_tile<float, 1, kRows>, kRows>,
          each_row<float, float, float_tile<float, 1, 1>>>;
 constexpr auto rows_int8 = rows<int8_t, int32_t, group<int8_t, int32_t, int8_tile<4, kRows / 2>, int8_tile<1, kRows>, kRows>,
                                 each_row<int8_t, int32_t, int8_tile<1, 1>>>;
+
+// 16 floats rounded to bfloat16 (to nearest, ties to even) and back
+TARGET inline __m512 rounded(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+// y[i, f0:f1] = (sums[i, f0:f1] rounded to bfloat16) + b[f0:f1], rounded, for each row i
+TARGET void add_bias_bf16(uint16_t* y, const float* sums, const uint16_t* b, int64_t m, int64_t nf, int64_t f0,
+                          int64_t f1) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t f = f0; f < f1; f += 16) {
+      const __mmask16 in = f1 - f >= 16 ? __mmask16(0xffff) : __mmask16((1 << (f1 - f)) - 1);
+      const __m512 bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, b + f)), 16));
+      const __m512 sum = _mm512_add_ps(rounded(_mm512_maskz_loadu_ps(in, sums + i * nf + f)), bias);
+      _mm256_mask_storeu_epi16(y + i * nf + f, in, (__m256i)_mm512_cvtneps_pbh(sum));
+    }
+}
+
+// the biased product's handler: x [m, nx], w [nf, nx], b [nf], y [m, nf], all bfloat16
+xla::ffi::Error biased_bf16(xla::ffi::AnyBuffer x, xla::ffi::AnyBuffer w, xla::ffi::AnyBuffer b,
+                            xla::ffi::Result<xla::ffi::AnyBuffer> y, int64_t parts) {
+  const auto xs = x.dimensions(), ws = w.dimensions();
+  const int64_t m = xs[0], nx = xs[1], nf = ws[0];
+  thread_local std::vector<float> kept;  // the float32 products, the calling thread's from call to call
+  kept.resize(m * nf);
+  float* sums = kept.data();  // (a lambda names the thread_local of the thread it runs on)
+  auto* out = static_cast<uint16_t*>(y->untyped_data());
+  const auto* bias = static_cast<const uint16_t*>(b.untyped_data());
+  rows_then<uint16_t, float, group_bf16, rest_bf16>(
+      sums, static_cast<const uint16_t*>(x.untyped_data()), static_cast<const uint16_t*>(w.untyped_data()), m, nx, nf,
+      parts, [&](int64_t f0, int64_t f1) { add_bias_bf16(out, sums, bias, m, nf, f0, f1); });
+  return xla::ffi::Error::Success();
+}
 
 // 16 floats at p, or with `Masked` only those of `in` (the rest read as 0)
 template <bool Masked>
@@ -288,17 +331,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsBf16, (product<uint16_t, float, rows_bf16>), 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsF32, (product<float, float, rows_f32>), TFGPT2_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsInt8, (product<int8_t, int32_t, rows_int8>), TFGPT2_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kColumnsF32, (product<float, float, columns_f32, true>), TFGPT2_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kBiasedBf16, biased_bf16,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("parts"));
 // typed FFI handlers: a program holding them loads again from XLA's persistent cache (a custom call
 // of the older untyped API crashed there)
 XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_bf16", "Host", kRowsBf16);
 XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_f32", "Host", kRowsF32);
 XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_int8", "Host", kRowsInt8);
 XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_columns_f32", "Host", kColumnsF32);
+XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_biased_bf16", "Host", kBiasedBf16);
 
-// the custom call of `target` on x and w, giving [m, nf] of `type`
+// the custom call of `target` on the op's inputs, giving [m, nf] of `type`
 xla::XlaOp custom_call(tensorflow::XlaOpKernelContext* ctx, const char* target, xla::PrimitiveType type, int64_t m,
                        int64_t nf, int64_t parts) {
-  return xla::CustomCall(ctx->builder(), target, {ctx->Input(0), ctx->Input(1)}, xla::ShapeUtil::MakeShape(type, {m, nf}),
+  std::vector<xla::XlaOp> inputs;
+  for (int i = 0; i < ctx->num_inputs(); ++i) inputs.push_back(ctx->Input(i));
+  return xla::CustomCall(ctx->builder(), target, inputs, xla::ShapeUtil::MakeShape(type, {m, nf}),
                          "{parts = " + std::to_string(parts) + " : i64}", /*has_side_effect=*/false,
                          /*output_operand_aliasing=*/{}, /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
                          xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
@@ -329,6 +382,27 @@ class RowProduct : public tensorflow::XlaOpKernel {
  private:
   int64_t parts_;
   tensorflow::DataType type_;
+};
+
+class BiasedRowProduct : public tensorflow::XlaOpKernel {
+ public:
+  explicit BiasedRowProduct(tensorflow::OpKernelConstruction* ctx) : XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("parts", &parts_));
+    OP_REQUIRES(ctx, parts_ >= 1, absl::InvalidArgumentError("BiasedRowProduct: parts must be >= 1"));
+  }
+
+  void Compile(tensorflow::XlaOpKernelContext* ctx) override {
+    const tensorflow::TensorShape xs = ctx->InputShape(0), ws = ctx->InputShape(1), bs = ctx->InputShape(2);
+    OP_REQUIRES(ctx,
+                xs.dims() == 2 && ws.dims() == 2 && xs.dim_size(1) == ws.dim_size(1) && bs.dims() == 1 &&
+                    bs.dim_size(0) == ws.dim_size(0),
+                absl::InvalidArgumentError("BiasedRowProduct: x [m, nx], w [nf, nx] and b [nf]; got x " +
+                                           xs.DebugString() + ", w " + ws.DebugString() + " and b " + bs.DebugString()));
+    ctx->SetOutput(0, custom_call(ctx, "tfgpt2_biased_bf16", xla::BF16, xs.dim_size(0), ws.dim_size(0), parts_));
+  }
+
+ private:
+  int64_t parts_;
 };
 
 class ColumnProduct : public tensorflow::XlaOpKernel {
@@ -367,6 +441,19 @@ REGISTER_OP("RowProduct")
 // a kernel of XLA's CPU device, registered directly: REGISTER_XLA_OP's registry is read once,
 // at the process's first XLA compile, which may come before this library is loaded
 REGISTER_KERNEL_BUILDER(Name("RowProduct").Device(tensorflow::DEVICE_CPU_XLA_JIT), RowProduct);
+
+REGISTER_OP("BiasedRowProduct")
+    .Input("x: bfloat16")
+    .Input("w: bfloat16")
+    .Input("b: bfloat16")
+    .Output("y: bfloat16")
+    .Attr("parts: int = 1")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), c->Dim(c->input(1), 0)));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("BiasedRowProduct").Device(tensorflow::DEVICE_CPU_XLA_JIT), BiasedRowProduct);
 
 REGISTER_OP("ColumnProduct")
     .Input("x: float")
