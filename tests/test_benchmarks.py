@@ -329,13 +329,17 @@ def test_beam_report_rows_are_rates_and_ratios_of_the_runs():
 
 
 def test_serve_benchmark_workload_warm_up_and_ratios():
-    """benchmark_serve: the requests keep to their ranges and repeat for a seed; the warm-up has
+    """benchmark_serve: the requests keep to their ranges and repeat for a seed, and another
+    draw's have the same lengths but prompts of their own; the warm-up has
     a prompt of every chunk size (multiples of 8) and the longest requests, groups of every
     step width whose requests all run to the end, and a pair whose first ends first; the headline is the ratio of the medians in the run."""
     from tools import benchmark_serve as bench
     requests = bench.workload(50, (8, 64), (16, 128))
     assert requests == bench.workload(50, (8, 64), (16, 128))
     assert all(8 <= len(ids) <= 64 and 16 <= new <= 128 and max(ids) < bench.EOT for ids, new, _ in requests)
+    other = bench.workload(50, (8, 64), (16, 128), draw=1)  # another pass's: the same shapes, other prompts
+    assert [(len(ids), new, i) for ids, new, i in other] == [(len(ids), new, i) for ids, new, i in requests]
+    assert all(a[0][:2] != b[0][:2] for a, b in zip(requests, other))
     warm = bench.warm_up((8, 64), (16, 128))
     assert [len(ids) for ids, _, _ in warm] == [8, 16, 24, 32, 40, 48, 56, 64]
     assert [new for _, new, _ in warm if new != 2] == [128, 128]
@@ -394,8 +398,8 @@ def test_serve_benchmark_timed_passes(capsys):
         if first_two:
             together.wait()  # both clients in a call at once, or a BrokenBarrierError
     bench.timed_passes(call, args, clients=2)
-    requests = bench.workload(5, (2, 4), (1, 3))
-    assert sorted(calls) == sorted(requests * 3)
+    passes = [bench.workload(5, (2, 4), (1, 3), draw=draw) for draw in range(3)]  # the warm-up's, then the runs'
+    assert sorted(calls) == sorted(sum(passes, []))
     passes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(passes) == 2 and all(p["tokens_per_s"] > 0 for p in passes)
 

@@ -7,7 +7,8 @@ and against the SavedModel's `generate` signature called from as many threads, i
 
 One set of `--requests` completions (prompts of `--prompt` tokens, `--new` new tokens, drawn at
 random within those ranges; temperature 1, each its own seed, <|endoftext|> banned so that every
-request makes exactly its tokens) is sent:
+request makes exactly its tokens) is sent, in each pass with prompts of the same lengths drawn
+anew (no server reads a prompt from its cache of an earlier pass's):
 
 - concurrent: by `--clients` clients at once (streamed, each taking the next request when its
   last is done) to `tfgpt2 serve --max_batch`;
@@ -76,11 +77,13 @@ MANY = ("concurrent", "saved_model", "llama_server")  # the candidates of --clie
 PEERS = {"concurrent": "llama_server", "one_client": "llama_one_client"}  # tfgpt2's candidate: llama.cpp's
 
 
-def workload(n, prompt, new, seed=0):
-    """n requests: (prompt token ids, new tokens, seed)."""
-    rng = np.random.default_rng(seed)
-    return [(rng.integers(0, EOT, rng.integers(prompt[0], prompt[1] + 1)).tolist(),
-             int(rng.integers(new[0], new[1] + 1)), i) for i in range(n)]
+def workload(n, prompt, new, seed=0, draw=0):
+    """n requests: (prompt token ids, new tokens, seed). The lengths depend on `seed` alone, the
+    ids on `draw` too: passes of other draws have the same shapes (no pass meets one its warm-up
+    did not) and prompts of their own (none can be read from a server's prompt cache)."""
+    lengths, ids = np.random.default_rng(seed), np.random.default_rng([seed, draw])
+    return [(ids.integers(0, EOT, lengths.integers(prompt[0], prompt[1] + 1)).tolist(),
+             int(lengths.integers(new[0], new[1] + 1)), i) for i in range(n)]
 
 
 def warm_up(prompt, new):
@@ -227,11 +230,14 @@ def fresh(args, url, started):
                 **{k: first[k] for k in ("ttft_p50_s", "ttft_p99_s", "tokens_per_s")})
 
 
-def servers(args, requests):
+def servers(args):
     """The server candidates' passes, {name: [per pass]}, the fresh concurrent server's first
     requests (`fresh`), and the concurrent server's resident set before and after the tiny
     requests, with the servers' exit statuses. Both servers run at once (each warmed up first),
-    and their passes alternate, so that a change in the machine's load falls on both."""
+    and their passes alternate, so that a change in the machine's load falls on both. Each pass
+    of each candidate draws its prompts anew (`workload`): llama-server keeps a slot's prompt
+    and would read a prompt sent before from it, which measures its cache (the prefix_cache
+    candidate measures tfgpt2's), not its speed."""
     names = [name for name in args.candidates if name in SERVER]
     running, first = {}, None
     try:
@@ -247,8 +253,9 @@ def servers(args, requests):
             if server != "llama_server":
                 settle(running[server][1])
         results = {name: [] for name in names}
-        for _ in range(args.runs):
-            for name in names:
+        for run in range(args.runs):
+            for j, name in enumerate(names):
+                requests = workload(args.requests, args.prompt, args.new, draw=1 + run * len(names) + j)
                 results[name].append(one_pass(running[SERVER[name]][1], requests, args.clients if name in MANY else 1))
         memory = None
         if "concurrent" in running and args.rss_requests:
@@ -385,9 +392,8 @@ def timed_passes(call, args, *, clients):
         for t in threads:
             t.join()
         return figures(time.perf_counter() - t0, done)
-    requests = workload(args.requests, args.prompt, args.new)
-    run(requests)
-    print(json.dumps([run(requests) for _ in range(args.runs)]))
+    run(workload(args.requests, args.prompt, args.new))
+    print(json.dumps([run(workload(args.requests, args.prompt, args.new, draw=1 + i)) for i in range(args.runs)]))
 
 
 def in_worker(name, args):
@@ -521,7 +527,9 @@ def arguments(argv):
 
 def notes_of(args, memory, statuses, absent, rows):
     notes = [] if not rows else [f"{args.requests} requests per pass: prompts of {args.prompt[0]}-{args.prompt[1]} tokens, "
-             f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned. Tokens/s with all "
+             f"{args.new[0]}-{args.new[1]} new tokens (uniform), temperature 1, <|endoftext|> banned; the same lengths in "
+             f"every pass, the prompts' tokens drawn anew for each candidate's pass (none read from a prompt cache). "
+             f"Tokens/s with all "
              f"clients busy: until the last request of a pass starts (each request's tokens spread evenly over its "
              f"time), which leaves out the tail where fewer clients remain; whole pass: all new tokens over the pass's "
              f"wall time. First token: the first streamed chunk of each request. "
@@ -553,12 +561,11 @@ def main(argv=None):
     absent = [c for c in args.candidates if c.startswith("llama") and not (args.llama_cpp and os.path.isfile(
         llama_peer.program(args, "llama-server")))]
     args.candidates = [c for c in args.candidates if c not in absent]
-    requests = workload(args.requests, args.prompt, args.new)
     with tempfile.TemporaryDirectory(prefix="tfgpt2-serve-bench-") as folder:
         args.gguf = any(c.startswith("llama") for c in args.candidates) and llama_peer.write_gguf(
             args.model_dir, llama_peer.gguf_type(args), folder)
         print("measuring the servers ...", file=sys.stderr, flush=True)
-        results, first, memory, statuses = servers(args, requests)
+        results, first, memory, statuses = servers(args)
     for name in (c for c in WORKERS if c in args.candidates):
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
         results[name] = in_worker(name, args)
