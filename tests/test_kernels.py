@@ -3,9 +3,11 @@
 decoding reads its weights by them."""
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ import tensorflow as tf
 
 from tfgpt2 import kernels, load_model
 from tfgpt2.decoding import layouts
+from tfgpt2.decoding.cache import BLOCK
+from tfgpt2.decoding.slots import Slots
 from tfgpt2.decoding.generator import generator_for
 from tfgpt2.sample import generate
 
@@ -140,6 +144,37 @@ def test_a_program_holding_the_kernels_loads_from_xlas_persistent_cache(tmp_path
     columns, rows = json.loads(first.stdout)
     np.testing.assert_allclose(columns, expected, rtol=1e-6)
     np.testing.assert_allclose(rows, expected, rtol=2e-2)  # bfloat16 operands
+
+
+def test_huge_pages_back_the_whole_2mb_pages_inside_a_tensor():
+    """`huge_pages` moves the 2 MB pages inside a tensor's buffer to huge pages (a 16 MB tensor:
+    7 or 8 of them, as its start falls), its values unchanged; again, the same pages."""
+    if kernels.library() is None:
+        pytest.skip("the kernels' library is not built here (tfgpt2.kernels)")
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not setting.exists() or "[never]" in setting.read_text():
+        pytest.skip("Linux's transparent huge pages are off here")
+    if tuple(int(n) for n in re.findall(r"\d+", os.uname().release)[:2]) < (6, 1):
+        pytest.skip("MADV_COLLAPSE needs Linux 6.1")
+    t = tf.random.normal([4 << 20])
+    values = t.numpy().copy()
+    moved = kernels.huge_pages([t])
+    assert moved in (7 << 21, 8 << 21), moved
+    np.testing.assert_array_equal(t.numpy(), values)
+    assert kernels.huge_pages([t]) == moved
+
+
+def test_decoding_moves_the_weights_to_huge_pages(tiny_dir, monkeypatch):
+    """`generate` asks for the model's weights once (its Generator's first call); the server's
+    slots, at their start, for the weights and the layouts they hold."""
+    asked = []
+    monkeypatch.setattr(kernels, "huge_pages", lambda tensors: asked.append(list(tensors)) or 0)
+    model = load_model(tiny_dir)
+    for _ in range(2):
+        generate(model, [[1, 2, 3]], 2)
+    assert len(asked) == 1 and len(asked[0]) == len(model.weights)
+    Slots(model, max_batch=2, chunk=BLOCK, steps=1, eot=0)
+    assert len(asked) == 2 and len(asked[1]) >= len(model.weights)
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):

@@ -10,6 +10,7 @@ import weakref
 
 import tensorflow as tf
 
+from .. import kernels
 from ..model import shape_list
 from ..products import cpus_only
 from . import layouts, quiet_retracing
@@ -34,6 +35,7 @@ class Generator:
         self._model = weakref.ref(model)
         self.jit_compile = jit_compile
         self.traces = 0
+        self.on_huge_pages = False  # the model's weights moved to huge pages (`weights_for`)
         # traced as written: nothing in the loop needs autograph, which would rewrite the model's code
         self.generate_padded, self.start, self.resume = (
             tf.function(self._counted(f), jit_compile=jit_compile, autograph=False)
@@ -72,6 +74,9 @@ class Generator:
         they run here (its own weights: nothing to repay)."""
         if not (cpus_only() and self.jit_compile):
             return None, None
+        if not self.on_huge_pages:  # once: the weights each step reads (`kernels.huge_pages`)
+            kernels.huge_pages(self.model.weights)
+            self.on_huge_pages = True
         few = batch <= layouts.ROWS
         if not layouts.usable(self.model):  # int8
             return None, self.rows() if few else None

@@ -31,6 +31,7 @@ A host (`tfgpt2.serve.scheduler`) decides what runs; nothing here checks its inp
 import numpy as np
 import tensorflow as tf
 
+from .. import kernels
 from ..products import cpus_only
 from . import controls as control
 from . import layouts, quiet_retracing
@@ -92,6 +93,8 @@ class Slots:
         # the steps of a few rows by the kernels, where they run here (`layouts.rows`); else a 16-bit
         # model's one-row steps, its block weights as 16-bit [nf, nx] copies (`layouts.one_row16`)
         self.rows = layouts.rows(model) if cpus_only() else None
+        if cpus_only():  # the weights each step reads, on huge pages (`kernels.huge_pages`)
+            kernels.huge_pages(list(model.weights) + [layout.w for block in self.rows or () for layout in block])
         self.one_row16 = (None if self.layouts is None or self.rows is not None or model.compute_dtype == "float32"
                           else layouts.one_row16(model))
         self.programs = Programs(lambda name, static: lambda *args: getattr(self, "_" + name)(*args, **static),

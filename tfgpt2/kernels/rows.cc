@@ -10,6 +10,7 @@
 // run side by side by the calling thread and parts - 1 threads of its own (XLA's CPU runtime
 // runs a decoding step's operations one after another).
 #include <immintrin.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
 #include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/ffi/api/c_api.h"
@@ -424,7 +426,40 @@ class ColumnProduct : public tensorflow::XlaOpKernel {
   int64_t parts_;
 };
 
+// Asks Linux to back the whole 2 MB pages inside a tensor's buffer by huge pages (transparent
+// huge pages: MADV_HUGEPAGE, and MADV_COLLAPSE, which moves the pages there now): a weight read
+// at each step then misses the TLB 512 times less often. The bytes moved (0 where Linux refuses).
+class HugePages : public tensorflow::OpKernel {
+ public:
+  explicit HugePages(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    constexpr uintptr_t kHuge = 2 << 20;
+    const auto data = ctx->input(0).tensor_data();
+    const uintptr_t start = reinterpret_cast<uintptr_t>(data.data());
+    const uintptr_t first = (start + kHuge - 1) / kHuge * kHuge, end = (start + data.size()) / kHuge * kHuge;
+    int64_t moved = 0;
+    if (end > first && madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE) == 0 &&
+        madvise(reinterpret_cast<void*>(first), end - first, 25 /* MADV_COLLAPSE, Linux 6.1 */) == 0)
+      moved = int64_t(end - first);
+    tensorflow::Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {}, &out));
+    out->scalar<int64_t>()() = moved;
+  }
+};
+
 }  // namespace
+
+REGISTER_OP("HugePages")
+    .Input("t: T")
+    .Output("moved: int64")
+    .Attr("T: type")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("HugePages").Device(tensorflow::DEVICE_CPU), HugePages);
 
 REGISTER_OP("RowProduct")
     .Input("x: T")
