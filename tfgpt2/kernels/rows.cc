@@ -3,12 +3,13 @@
 // bfloat16 or float32 x and w into float32 y (bfloat16 pairs' products summed in float32), int8
 // x and w into int32 y (exact). BiasedRowProduct: bfloat16 y = x w^T + b as a bfloat16 layer
 // computes it (the product rounded, b added, rounded), in one pass. ColumnProduct: y = x w for
-// float32 w [nx, nf], as a layer holds it. XLA's CPU backend multiplies 16-bit and 8-bit operands as float32 or int32 copies, and a
-// few rows by a float32 weight at a fraction of the memory's rate; here each weight is read once,
-// as it is held. Under XLA only: each op lowers to a CPU custom call (a typed FFI handler: a
-// program holding it loads from XLA's persistent cache too) that splits w into `parts`,
-// run side by side by the calling thread and parts - 1 threads of its own (XLA's CPU runtime
-// runs a decoding step's operations one after another).
+// float32 w [nx, nf], as a layer holds it. XLA's CPU backend multiplies 16-bit and 8-bit
+// operands as float32 or int32 copies, and a few rows by a float32 weight at a fraction of the
+// memory's rate; here each weight is read once, as it is held. Under XLA only: each op lowers to
+// a CPU custom call (a typed FFI handler: a program holding it loads from XLA's persistent cache
+// too) that splits w into `parts`, run side by side by the calling thread and parts - 1 threads
+// of its own (XLA's CPU runtime runs a decoding step's operations one after another).
+// HugePages: a tensor's memory moved to 2 MB pages (a TensorFlow op of its own, not XLA's).
 #include <immintrin.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -249,7 +250,8 @@ TARGET void add_bias_bf16(uint16_t* y, const float* sums, const uint16_t* b, int
   for (int64_t i = 0; i < m; ++i)
     for (int64_t f = f0; f < f1; f += 16) {
       const __mmask16 in = f1 - f >= 16 ? __mmask16(0xffff) : __mmask16((1 << (f1 - f)) - 1);
-      const __m512 bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, b + f)), 16));
+      const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, b + f));
+      const __m512 bias = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
       const __m512 sum = _mm512_add_ps(rounded(_mm512_maskz_loadu_ps(in, sums + i * nf + f)), bias);
       _mm256_mask_storeu_epi16(y + i * nf + f, in, (__m256i)_mm512_cvtneps_pbh(sum));
     }
