@@ -57,10 +57,10 @@ def column_product(x, w):
 
 def huge_pages(tensors):
     """Asks Linux to back each tensor's memory (the whole 2 MB pages inside its buffer) by huge
-    pages, moving it there now (MADV_COLLAPSE: about 0.4 GB/s, once; a tensor already there
-    costs a system call). Decoding reads every weight at each step: in 4 KB pages that misses
-    the TLB at every page, which costs about a twentieth of the memory's rate. The bytes moved;
-    0 where the library is not here or Linux refuses (transparent huge pages off, before 6.1)."""
+    pages, moving it there now (MADV_COLLAPSE copies it, once; a tensor already there costs a
+    system call). Decoding reads every weight at each step, which in 4 KB pages misses the TLB
+    at every page (docs/performance.md, "Huge pages"). The bytes moved; 0 where the library is
+    not here or Linux refuses (transparent huge pages off, Linux before 6.1)."""
     if library() is None:
         return 0
     return sum(int(library().huge_pages(t)) for t in tensors)
