@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from tfgpt2 import kernels, load_model
 from tfgpt2.decoding import layouts
-from tfgpt2.decoding.cache import BLOCK
-from tfgpt2.decoding.slots import Slots
+from tfgpt2.decoding.cache import BLOCK, cached_attn, call_with_cache, empty_cache
+from tfgpt2.decoding.slots import FLOATS, INTS, Slots
 from tfgpt2.decoding.generator import generator_for
 from tfgpt2.sample import generate
 
@@ -101,6 +101,83 @@ def test_a_product_of_mismatched_widths_names_both_shapes():
         x, w, b = (tf.zeros(shape, tf.bfloat16) for shape in ([2, 8], [4, 8], [5]))
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"got x \[2,8\], w \[4,8\] and b \[5\]"):
             tf.function(kernels.biased_row_product, jit_compile=True)(x, w, b)
+
+
+def attention_case(dtype, d, seed=0):
+    """Blocks of 3 slots x 2 heads in 3 blocks of 8 positions, and a query row per (row, head)
+    of rows in slots 2, 0, 1 and 1 at positions inside the first block, at the second's last,
+    past the blocks' end (read to their end) and from a first position in the second block (a
+    left-padded row): (q [rows, heads, 1, d], rows, first, last, k, v)."""
+    rng = np.random.default_rng(seed)
+    slots, heads, length, count = 3, 2, 8, 3
+    k, v = ([tf.constant(rng.normal(0, 1, [slots * heads, length, d]), tf.float32) for _ in range(count)]
+            for _ in range(2))
+    at = np.array([[2, 0, 5], [0, 0, 15], [1, 0, 40], [1, 11, 20]])  # (slot, first, last) of each row
+    q = tf.cast(rng.normal(0, 2, [len(at), heads, 1, d]), dtype)
+    rows = (at[:, :1] * heads + np.arange(heads)).reshape(-1).astype(np.int32)
+    first, last = (np.repeat(at[:, i], heads).astype(np.int32) for i in (1, 2))
+    return q, rows, first, last, k, v
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 20])
+def test_cached_attention_is_cached_attn_over_the_rows_blocks(dtype, d):
+    """`cached_attention` reads each row's cache row of the blocks in place, from its first
+    position to its last: `cache.cached_attn` over that row's blocks (gathered) under that mask
+    gives the same bfloat16 bits, and float32 values within float32's rounding."""
+    needs(dtype)
+    q, rows, first, last, k, v = attention_case(tf.as_dtype(dtype), d)
+    scale = tf.math.rsqrt(tf.cast(d, tf.float32))
+    got = tf.function(lambda q: kernels.cached_attention(tf.reshape(q, [-1, d]), rows, first, last, k, v, scale),
+                      jit_compile=True)(q)
+    assert got.dtype == q.dtype and got.shape == (len(rows), d)
+    positions = np.arange(24)
+    mask = tf.cast((first[::2, None, None] <= positions) & (np.minimum(last[::2], 23)[:, None, None] >= positions),
+                   q.dtype)
+    expected = tf.function(lambda q: cached_attn(q, [tf.gather(b, rows) for b in k], [tf.gather(b, rows) for b in v],
+                                                 mask), jit_compile=True)(q)
+    got, expected = (tf.cast(t, tf.float32).numpy().reshape(len(rows), d) for t in (got, expected))
+    if dtype == "bfloat16":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    # each row attends to its own positions: another row's answer, or all positions', differs
+    assert np.abs(got[0] - got[2]).max() > 0.1 and np.abs(got[4] - got[6]).max() > 0.1
+
+
+def test_cached_attention_of_mismatched_blocks_names_the_shapes():
+    needs(tf.float32)
+    q, rows, first, last, k, v = attention_case(tf.float32, 16)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"got q \[8,16\], rows \[8\], first \[8\], last \[8\], k \[6,8,16\].*v \[6,8,8\]"):
+        tf.function(lambda q: kernels.cached_attention(q, rows, first, last, k, k[:2] + [v[2][..., :8]],
+                                                        tf.constant(0.25)), jit_compile=True)(tf.reshape(q, [-1, 16]))
+
+
+def attention_ops(function, *specs):
+    graph_def = tf.function(function).get_concrete_function(*specs).graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return sum(n.op == "CachedAttention" for n in nodes)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_steps_of_one_new_position_attend_by_the_kernel(tiny_dir, dtype):
+    """With the row kernels' layouts, a step of one new position per row attends by the kernel,
+    one per layer: `generate`'s over its float32 cache, and the server's over fewer rows than
+    its slots; a prompt's chunk, and a step over all the slots (whose blocks XLA's products read
+    in place), keep XLA's products."""
+    needs(dtype)
+    model = load_model(tiny_dir, dtype=dtype)
+    n_layer, steps = model.hparams.n_layer, layouts.rows(model)
+    cache = empty_cache(model, 1, 64, tf.float32)
+    for width, expected in [(1, n_layer), (4, 0)]:
+        assert attention_ops(lambda X: call_with_cache(model, X, cache, 5, layouts=steps),
+                             tf.TensorSpec([1, width], tf.int32)) == expected
+    slots = Slots(model, max_batch=4, chunk=16, steps=2, eot=0)
+    for rows, expected in [(1, n_layer), (2, n_layer), (4, 0)]:
+        specs = (tf.TensorSpec([len(INTS), rows], tf.int32), tf.TensorSpec([len(FLOATS), rows], tf.float32),
+                 tf.TensorSpec([rows], tf.int64))
+        assert attention_ops(lambda *a: slots._decode(*a, window=64, stops=(None, None)), *specs) == expected
 
 
 def test_a_failed_build_warns_and_leaves_no_file(tmp_path, monkeypatch):

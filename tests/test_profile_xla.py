@@ -15,6 +15,7 @@ def test_groups_follow_the_tensorflow_op():
     assert group_of("RowProduct", "while/RowProduct") == "output layer"
     assert group_of("ColumnProduct", "while/h3/mlp/c_fc/ColumnProduct") == "block weights"
     assert group_of("BiasedRowProduct", "while/h3/mlp/c_fc/BiasedRowProduct") == "block weights"
+    assert group_of("CachedAttention", "while/h2/attn/CachedAttention") == "attention"
     assert group_of("AssignVariableOp", "adam/AssignVariableOp_12") == "optimizer"
     assert group_of("Tanh", "model_1/h0_1/mlp_1/Tanh") == "other"
     assert group_of("Cumsum", "while/sampling/cond/Cumsum") == "sampling"  # tfgpt2.decoding.step's scope

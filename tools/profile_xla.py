@@ -44,7 +44,7 @@ WEIGHTS = ("attn/c_attn", "attn/c_proj", "mlp/c_fc", "mlp/c_proj")  # a block's,
 def group_of(op_type, op_name):
     """The group of an HLO instruction from its TensorFlow op's type and name."""
     product = op_type in ("MatMul", "BatchMatMulV2", "Einsum", "XlaDot", "XlaDotV2",
-                          "RowProduct", "BiasedRowProduct", "ColumnProduct")  # (the last three tfgpt2.kernels')
+                          "RowProduct", "BiasedRowProduct", "ColumnProduct", "CachedAttention")  # (tfgpt2.kernels')
     if re.search(r"Adam|optimizer|AssignVariableOp|AssignSubVariableOp|AssignAddVariableOp", op_name + op_type):
         return "optimizer"
     if re.search(r"(^|/)sampling(_\d+)?/", op_name):  # tfgpt2.decoding.step: the controls and the draw

@@ -2,12 +2,14 @@
 once as it is held: y = x w^T for x [m, nx] and w [nf, nx], bfloat16 into float32 (AVX-512
 BF16), float32, or int8 into int32 (VNNI, exact) (`row_product`); bfloat16 y = x w^T + b as a
 bfloat16 layer computes it (`biased_row_product`); y = x w for float32 w [nx, nf] as a layer
-holds it (`column_product`). XLA's CPU backend multiplies 16-bit and 8-bit operands
-as float32 or int32 copies, and a few rows by any weight, at a fraction of the memory's rate; a
-decoding step at a few rows is that product, over every weight (docs/performance.md).
+holds it (`column_product`); and the attention of one new position per row over a cache held
+in blocks, read in place (`cached_attention`). XLA's CPU backend multiplies 16-bit and 8-bit
+operands as float32 or int32 copies, and a few rows by any weight, at a fraction of the
+memory's rate; a decoding step at a few rows is that product, over every weight
+(docs/performance.md).
 
-XLA ops only: the decoding programs' products on a CPU use them (`decoding.layouts.rows`);
-nothing exported (SavedModel, LiteRT) holds them. Built from the source at first use, as
+XLA ops only: the decoding programs' products and attention on a CPU use them
+(`decoding.layouts.rows`); nothing exported (SavedModel, LiteRT) holds them. Built from the source at first use, as
 TensorFlow builds a custom op (`tf.sysconfig`'s flags, the C++ compiler `CXX` or g++), into
 the user's cache folder under a name that digests the source, TensorFlow's version and the
 compiler, then loaded into the process. The products are not used (`supports` is false) where
@@ -53,6 +55,19 @@ def column_product(x, w):
     if not supports(tf.float32):
         raise ValueError("no column product on this machine (tfgpt2.kernels.supports)")
     return library().column_product(x, w, parts=cores())
+
+
+def cached_attention(q, rows, first, last, k, v, scale):
+    """Attention of one new position per row over a cache held in blocks, as `cache.cached_attn`
+    computes it, reading the blocks in place and only the positions attended: q [n, d]
+    (bfloat16 or float32), row i's keys and values in cache row rows[i] of each block (k and v:
+    lists of float32 blocks [cache rows, length, d], the positions in order), over positions
+    first[i] .. last[i] (at most the blocks' end), the scores scaled by `scale`; rows, first
+    and last int32 [n]. Returns [n, d] in q's dtype. Raises where `supports` is false for q's
+    dtype."""
+    if not supports(q.dtype):
+        raise ValueError(f"no cached attention for {q.dtype.name} on this machine (tfgpt2.kernels.supports)")
+    return library().cached_attention(q, rows, first, last, scale, k, v, parts=cores())
 
 
 def huge_pages(tensors):

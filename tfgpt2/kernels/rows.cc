@@ -9,6 +9,9 @@
 // a CPU custom call (a typed FFI handler: a program holding it loads from XLA's persistent cache
 // too) that splits w into `parts`, run side by side by the calling thread and parts - 1 threads
 // of its own (XLA's CPU runtime runs a decoding step's operations one after another).
+// CachedAttention: the attention of one new position per row over a float32 cache held in
+// blocks, each row reading its own cache row in place and only the positions it attends, the
+// rows split between the threads as the products' parts are.
 // HugePages: a tensor's memory moved to 2 MB pages (a TensorFlow op of its own, not XLA's).
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -16,12 +19,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
@@ -327,6 +333,173 @@ void columns_f32(float* y, const float* x, const float* w, int64_t m, int64_t nx
     for (int64_t i = 0; i < m * nf; ++i) y[i] += sums[p * m * nf + i];
 }
 
+// e^x for 16 floats x <= 0 (scores less their largest), within a few ulps (Cephes' expf: x =
+// n ln 2 + r, e^r by a polynomial, scaled by 2^n); below -104, 0
+TARGET inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// the mask of the first `left` of 16 lanes (all where left >= 16)
+inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1 << left) - 1); }
+
+// the masks of the four vectors of features f0 .. f0 + 63 (of d; none past d)
+inline void features(__mmask16 (&in)[4], int64_t d, int64_t f0) {
+  for (int i = 0; i < 4; ++i) in[i] = f0 + 16 * i < d ? lanes(d - f0 - 16 * i) : __mmask16(0);
+}
+
+// w[j] = q . key_j over features f0 .. f0 + 63 (added to w[j] unless `first`), for the n keys
+// at `key` (each of d features, one after another)
+TARGET void scores(float* w, const float* q, const float* key, int64_t n, int64_t d, int64_t f0, bool first) {
+  __mmask16 in[4];
+  features(in, d, f0);
+  __m512 qs[4];
+  for (int i = 0; i < 4; ++i) qs[i] = _mm512_maskz_loadu_ps(in[i], q + f0 + 16 * i);
+  for (int64_t j = 0; j < n; ++j, key += d) {
+    __m512 acc = _mm512_mul_ps(qs[0], _mm512_maskz_loadu_ps(in[0], key + f0));
+    for (int i = 1; i < 4; ++i) acc = _mm512_fmadd_ps(qs[i], _mm512_maskz_loadu_ps(in[i], key + f0 + 16 * i), acc);
+    const float s = _mm512_reduce_add_ps(acc);
+    w[j] = first ? s : w[j] + s;
+  }
+}
+
+// a[f0:f0+64] = sum of p[j] value_j over the n values at `value` (each of d features)
+TARGET void weighted(float* a, const float* p, const float* value, int64_t n, int64_t d, int64_t f0) {
+  __mmask16 in[4];
+  features(in, d, f0);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t j = 0; j < n; ++j, value += d) {
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(in[i], value + f0 + 16 * i), acc[i]);
+  }
+  for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(a + f0 + 16 * i, in[i], acc[i]);
+}
+
+// x rounded to bfloat16 where Round
+template <bool Round>
+TARGET inline __m512 held(__m512 x) {
+  return Round ? rounded(x) : x;
+}
+
+// a[0:d] rounded to bfloat16 where Round
+template <bool Round>
+TARGET inline void round_all(float* a, int64_t d) {
+  if (Round)
+    for (int64_t f = 0; f < d; f += 16)
+      _mm512_mask_storeu_ps(a + f, lanes(d - f), rounded(_mm512_maskz_loadu_ps(lanes(d - f), a + f)));
+}
+
+// One query row's attention over the positions first .. last of its cache row c, held in blocks
+// of `length` positions (k[b], v[b]: [rows, length, d]), as `cache.cached_attn` computes it: each
+// score q . k rounded to Q, scaled, softmax in float32 rounded to Q, each block's p . v rounded
+// to Q and the blocks' sums added in order, each sum rounded to Q (Round: Q is bfloat16); the
+// positions before `first` (a left-padded row's padding) weigh 0. w: room for last + 1 + d floats.
+template <bool Round>
+TARGET void attend(float* a, const float* q, const float* const* k, const float* const* v, int64_t length,
+                   int64_t c, int64_t first, int64_t last, int64_t d, float scale, float* w) {
+  const int64_t n = last + 1;
+  for (int64_t f0 = 0; f0 < d; f0 += 64)
+    for (int64_t b = first / length; b * length < n; ++b) {
+      const int64_t j = std::max(first, b * length);
+      scores(w + j, q, k[b] + (c * length + j - b * length) * d, std::min(n, b * length + length) - j, d, f0, f0 == 0);
+    }
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = first; j < n; j += 16) {
+    const __mmask16 in = lanes(n - j);
+    const __m512 x = _mm512_mul_ps(held<Round>(_mm512_maskz_loadu_ps(in, w + j)), _mm512_set1_ps(scale));
+    _mm512_mask_storeu_ps(w + j, in, x);
+    top = _mm512_mask_max_ps(top, in, top, x);
+  }
+  const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t j = first; j < n; j += 16) {
+    const __mmask16 in = lanes(n - j);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, w + j), most));
+    _mm512_mask_storeu_ps(w + j, in, e);
+    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(in, e));
+  }
+  const __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(total));
+  for (int64_t j = first; j < n; j += 16) {
+    const __mmask16 in = lanes(n - j);
+    _mm512_mask_storeu_ps(w + j, in, held<Round>(_mm512_div_ps(_mm512_maskz_loadu_ps(in, w + j), sum)));
+  }
+  float* part = w + n;
+  for (int64_t b = first / length; b * length < n; ++b) {  // (a block before `first` adds 0)
+    const int64_t j = std::max(first, b * length);
+    float* into = b == first / length ? a : part;
+    for (int64_t f0 = 0; f0 < d; f0 += 64)
+      weighted(into, w + j, v[b] + (c * length + j - b * length) * d, std::min(n, b * length + length) - j, d, f0);
+    round_all<Round>(into, d);
+    if (into == a) continue;
+    for (int64_t f = 0; f < d; ++f) a[f] += part[f];
+    round_all<Round>(a, d);
+  }
+}
+
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) {
+  const uint32_t bits = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+template <typename Q>
+inline Q from_float(float x);  // (a value already rounded to Q)
+template <>
+inline float from_float<float>(float x) { return x; }
+template <>
+inline uint16_t from_float<uint16_t>(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return uint16_t(bits >> 16);
+}
+
+// a [n, d] = the attention of q [n, d] (bfloat16 or float32) over the cache rows rows[i], from
+// position first[i] to last[i] (at most the blocks' end), the blocks k and v float32 [rows,
+// length, d]
+template <typename Q>
+xla::ffi::Error cached_attention(xla::ffi::AnyBuffer q, xla::ffi::AnyBuffer rows, xla::ffi::AnyBuffer first,
+                                 xla::ffi::AnyBuffer last, xla::ffi::AnyBuffer scale, xla::ffi::RemainingArgs blocks,
+                                 xla::ffi::Result<xla::ffi::AnyBuffer> out, int64_t parts) {
+  const int64_t n = q.dimensions()[0], d = q.dimensions()[1], count = int64_t(blocks.size()) / 2;
+  std::vector<const float*> k(count), v(count);
+  int64_t length = 0;
+  for (int64_t b = 0; b < 2 * count; ++b) {
+    auto block = blocks.get<xla::ffi::AnyBuffer>(b);
+    if (!block.has_value()) return block.error();
+    (b < count ? k[b] : v[b - count]) = static_cast<const float*>(block->untyped_data());
+    length = block->dimensions()[1];
+  }
+  const auto* qs = static_cast<const Q*>(q.untyped_data());
+  const auto* cs = static_cast<const int32_t*>(rows.untyped_data());
+  const auto* fs = static_cast<const int32_t*>(first.untyped_data());
+  const auto* ls = static_cast<const int32_t*>(last.untyped_data());
+  const float s = *static_cast<const float*>(scale.untyped_data());
+  auto* as = static_cast<Q*>(out->untyped_data());
+  parts = std::max<int64_t>(1, std::min(parts, n));
+  team().run(int(parts), [&](int p) {
+    thread_local std::vector<float> w, qf, af;  // this thread's: scores, q and a in float32
+    w.resize(count * length + d);
+    qf.resize(d);
+    af.resize(d);
+    for (int64_t i = n * p / parts; i < n * (p + 1) / parts; ++i) {
+      for (int64_t f = 0; f < d; ++f) qf[f] = to_float(qs[i * d + f]);
+      attend<std::is_same_v<Q, uint16_t>>(af.data(), qf.data(), k.data(), v.data(), length, cs[i], fs[i],
+                                          std::min<int64_t>(ls[i], count * length - 1), d, s, w.data());
+      for (int64_t f = 0; f < d; ++f) as[i * d + f] = from_float<Q>(af[f]);
+    }
+  });
+  return xla::ffi::Error::Success();
+}
+
 // the handlers' one signature: x, w, y and the attribute `parts`
 #define TFGPT2_BINDING                                                                                 \
   xla::ffi::Ffi::Bind().Arg<xla::ffi::AnyBuffer>().Arg<xla::ffi::AnyBuffer>().Ret<xla::ffi::AnyBuffer>().Attr<int64_t>( \
@@ -335,6 +508,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsBf16, (product<uint16_t, float, rows_bf16>), 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsF32, (product<float, float, rows_f32>), TFGPT2_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsInt8, (product<int8_t, int32_t, rows_int8>), TFGPT2_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kColumnsF32, (product<float, float, columns_f32, true>), TFGPT2_BINDING);
+#define TFGPT2_ATTENTION                                                                                \
+  xla::ffi::Ffi::Bind()                                                                                  \
+      .Arg<xla::ffi::AnyBuffer>()                                                                        \
+      .Arg<xla::ffi::AnyBuffer>()                                                                        \
+      .Arg<xla::ffi::AnyBuffer>()                                                                        \
+      .Arg<xla::ffi::AnyBuffer>()                                                                        \
+      .Arg<xla::ffi::AnyBuffer>()                                                                        \
+      .RemainingArgs()                                                                                   \
+      .Ret<xla::ffi::AnyBuffer>()                                                                        \
+      .Attr<int64_t>("parts")
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionF32, cached_attention<float>, TFGPT2_ATTENTION);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionBf16, cached_attention<uint16_t>, TFGPT2_ATTENTION);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kBiasedBf16, biased_bf16,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::AnyBuffer>()
@@ -349,6 +534,8 @@ XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_f32", "Host", kR
 XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_rows_int8", "Host", kRowsInt8);
 XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_columns_f32", "Host", kColumnsF32);
 XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_biased_bf16", "Host", kBiasedBf16);
+XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_attention_f32", "Host", kAttentionF32);
+XLA_FFI_REGISTER_HANDLER(xla::ffi::GetXlaFfiApi(), "tfgpt2_attention_bf16", "Host", kAttentionBf16);
 
 // the custom call of `target` on the op's inputs, giving [m, nf] of `type`
 xla::XlaOp custom_call(tensorflow::XlaOpKernelContext* ctx, const char* target, xla::PrimitiveType type, int64_t m,
@@ -428,6 +615,42 @@ class ColumnProduct : public tensorflow::XlaOpKernel {
   int64_t parts_;
 };
 
+class CachedAttention : public tensorflow::XlaOpKernel {
+ public:
+  explicit CachedAttention(tensorflow::OpKernelConstruction* ctx) : XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("parts", &parts_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &type_));
+    OP_REQUIRES(ctx, parts_ >= 1, absl::InvalidArgumentError("CachedAttention: parts must be >= 1"));
+  }
+
+  void Compile(tensorflow::XlaOpKernelContext* ctx) override {
+    const tensorflow::TensorShape qs = ctx->InputShape(0);
+    const int blocks = (ctx->num_inputs() - 5) / 2;
+    bool fits = qs.dims() == 2;
+    std::string got = "q " + qs.DebugString();
+    for (int i = 1; i < 4; ++i) {  // rows, first, last
+      const tensorflow::TensorShape ns = ctx->InputShape(i);
+      fits = fits && ns.dims() == 1 && ns.dim_size(0) == qs.dim_size(0);
+      got += std::string(i == 1 ? ", rows " : i == 2 ? ", first " : ", last ") + ns.DebugString();
+    }
+    for (int i = 5; i < ctx->num_inputs(); ++i) {
+      const tensorflow::TensorShape bs = ctx->InputShape(i), one = ctx->InputShape(5);
+      fits = fits && bs.dims() == 3 && bs == one && bs.dim_size(2) == qs.dim_size(1);
+      got += std::string(i < 5 + blocks ? ", k " : ", v ") + bs.DebugString();
+    }
+    OP_REQUIRES(ctx, fits,
+                absl::InvalidArgumentError("CachedAttention: q [n, d], rows, first and last [n], k and v blocks all "
+                                           "[rows, length, d]; got " + got));
+    const bool bf16 = type_ == tensorflow::DT_BFLOAT16;
+    const char* target = bf16 ? "tfgpt2_attention_bf16" : "tfgpt2_attention_f32";
+    ctx->SetOutput(0, custom_call(ctx, target, bf16 ? xla::BF16 : xla::F32, qs.dim_size(0), qs.dim_size(1), parts_));
+  }
+
+ private:
+  int64_t parts_;
+  tensorflow::DataType type_;
+};
+
 // Asks Linux to back the whole 2 MB pages inside a tensor's buffer by huge pages (transparent
 // huge pages: MADV_HUGEPAGE, and MADV_COLLAPSE, which moves the pages there now): a weight read
 // at each step then misses the TLB 512 times less often. The bytes moved (0 where Linux refuses).
@@ -503,3 +726,22 @@ REGISTER_OP("ColumnProduct")
     });
 
 REGISTER_KERNEL_BUILDER(Name("ColumnProduct").Device(tensorflow::DEVICE_CPU_XLA_JIT), ColumnProduct);
+
+REGISTER_OP("CachedAttention")
+    .Input("q: T")
+    .Input("rows: int32")
+    .Input("first: int32")
+    .Input("last: int32")
+    .Input("scale: float")
+    .Input("k: n * float")
+    .Input("v: n * float")
+    .Output("a: T")
+    .Attr("T: {bfloat16, float}")
+    .Attr("n: int >= 1")
+    .Attr("parts: int = 1")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("CachedAttention").Device(tensorflow::DEVICE_CPU_XLA_JIT), CachedAttention);
