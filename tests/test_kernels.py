@@ -106,8 +106,9 @@ def test_a_product_of_mismatched_widths_names_both_shapes():
 def attention_case(dtype, d, seed=0):
     """Blocks of 3 slots x 2 heads in 3 blocks of 8 positions, and a query row per (row, head)
     of rows in slots 2, 0, 1 and 1 at positions inside the first block, at the second's last,
-    past the blocks' end (read to their end) and from a first position in the second block (a
-    left-padded row): (q [rows, heads, 1, d], rows, first, last, k, v)."""
+    past the blocks' end (read to their end, written nowhere) and from a first position in the
+    second block (a left-padded row), each with a new key and value: (q [rows, heads, 1, d],
+    rows, first, last, k_new, v_new, k, v)."""
     rng = np.random.default_rng(seed)
     slots, heads, length, count = 3, 2, 8, 3
     k, v = ([tf.constant(rng.normal(0, 1, [slots * heads, length, d]), tf.float32) for _ in range(count)]
@@ -116,26 +117,43 @@ def attention_case(dtype, d, seed=0):
     q = tf.cast(rng.normal(0, 2, [len(at), heads, 1, d]), dtype)
     rows = (at[:, :1] * heads + np.arange(heads)).reshape(-1).astype(np.int32)
     first, last = (np.repeat(at[:, i], heads).astype(np.int32) for i in (1, 2))
-    return q, rows, first, last, k, v
+    k_new, v_new = (tf.constant(rng.normal(0, 1, [len(rows), d]), tf.float32) for _ in range(2))
+    return q, rows, first, last, k_new, v_new, k, v
+
+
+def written(blocks, rows, last, new):
+    """The blocks (numpy) with each row's new values at its last position (none past the end)."""
+    blocks = [b.numpy().copy() for b in blocks]
+    length = blocks[0].shape[1]
+    for row, at, values in zip(rows, last, new.numpy()):
+        if at < length * len(blocks):
+            blocks[at // length][row, at % length] = values
+    return blocks
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 20])
-def test_cached_attention_is_cached_attn_over_the_rows_blocks(dtype, d):
-    """`cached_attention` reads each row's cache row of the blocks in place, from its first
-    position to its last: `cache.cached_attn` over that row's blocks (gathered) under that mask
-    gives the same bfloat16 bits, and float32 values within float32's rounding."""
+def test_cached_attention_writes_then_is_cached_attn_over_the_rows_blocks(dtype, d):
+    """`cached_attention` writes each row's new key and value at its last position of its cache
+    row (in place: the blocks it returns), then reads that row from its first position to its
+    last: the blocks so written, and `cache.cached_attn` over each row's blocks (gathered) under
+    that mask, give the same blocks, the same bfloat16 bits, and float32 values within float32's
+    rounding."""
     needs(dtype)
-    q, rows, first, last, k, v = attention_case(tf.as_dtype(dtype), d)
+    q, rows, first, last, k_new, v_new, k, v = attention_case(tf.as_dtype(dtype), d)
     scale = tf.math.rsqrt(tf.cast(d, tf.float32))
-    got = tf.function(lambda q: kernels.cached_attention(tf.reshape(q, [-1, d]), rows, first, last, k, v, scale),
-                      jit_compile=True)(q)
+    got, k_out, v_out = tf.function(lambda q: kernels.cached_attention(
+        tf.reshape(q, [-1, d]), rows, first, last, k_new, v_new, k, v, scale), jit_compile=True)(q)
     assert got.dtype == q.dtype and got.shape == (len(rows), d)
+    k_held, v_held = written(k, rows, last, k_new), written(v, rows, last, v_new)
+    for out, held in zip(list(k_out) + list(v_out), k_held + v_held):
+        np.testing.assert_array_equal(out.numpy(), held)
+    assert not np.array_equal(k_held[0], k[0].numpy())  # some were written
     positions = np.arange(24)
     mask = tf.cast((first[::2, None, None] <= positions) & (np.minimum(last[::2], 23)[:, None, None] >= positions),
                    q.dtype)
-    expected = tf.function(lambda q: cached_attn(q, [tf.gather(b, rows) for b in k], [tf.gather(b, rows) for b in v],
-                                                 mask), jit_compile=True)(q)
+    expected = tf.function(lambda q: cached_attn(q, [tf.gather(b, rows) for b in k_held],
+                                                 [tf.gather(b, rows) for b in v_held], mask), jit_compile=True)(q)
     got, expected = (tf.cast(t, tf.float32).numpy().reshape(len(rows), d) for t in (got, expected))
     if dtype == "bfloat16":
         np.testing.assert_array_equal(got, expected)
@@ -147,10 +165,10 @@ def test_cached_attention_is_cached_attn_over_the_rows_blocks(dtype, d):
 
 def test_cached_attention_of_mismatched_blocks_names_the_shapes():
     needs(tf.float32)
-    q, rows, first, last, k, v = attention_case(tf.float32, 16)
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"got q \[8,16\], rows \[8\], first \[8\], last \[8\], k \[6,8,16\].*v \[6,8,8\]"):
-        tf.function(lambda q: kernels.cached_attention(q, rows, first, last, k, k[:2] + [v[2][..., :8]],
+    q, rows, first, last, k_new, v_new, k, v = attention_case(tf.float32, 16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"got q \[8,16\], rows \[8\], first \[8\], "
+                                                             r"last \[8\], scale \[\], k_new \[8,16\], .*v \[6,8,8\]"):
+        tf.function(lambda q: kernels.cached_attention(q, rows, first, last, k_new, v_new, k, k[:2] + [v[2][..., :8]],
                                                         tf.constant(0.25)), jit_compile=True)(tf.reshape(q, [-1, 16]))
 
 

@@ -310,19 +310,28 @@ def test_generation_updates_the_cache_in_place(tiny, loop_graph, batch, longest)
     buffers as they are, as does the next step: no reshape, transpose or copy of a whole cache
     between an update and its readers, which XLA would turn into a copy of the cache at each
     step (with a [batch, heads, T, features] cache reshaped for the product, XLA copied it four
-    times a step at batch 1: 1.65x the time per token at 800 new tokens on 124M). The prompt's
-    pass (longest > 1) hands its updated buffers to the loop as they are too."""
+    times a step at batch 1: 1.65x the time per token at 800 new tokens on 124M). Where the row
+    kernels run (`kernels`), the attention kernel writes and reads the loop's buffers itself,
+    and its updated buffers are the next step's. The prompt's pass (longest > 1) hands its
+    updated buffers to the loop as they are too."""
     hp = tiny.hparams
     graph = loop_graph(batch, longest)
     (body,) = [f for f in graph.library.function if f.signature.name.startswith("while_body")]
     inputs = {a.name for a in body.signature.input_arg}
+    returned = {value.split(":")[0] for value in body.ret.values()}
     updates = [n for n in body.node_def if n.op == "XlaDynamicUpdateSlice"]
-    assert len(updates) == 2 * hp.n_layer
-    # a step's attention: XLA's product, or the kernel's where the row kernels run (`kernels`)
-    attention = "CachedAttention" if kernels.supports(tf.float32) else "BatchMatMul"
+    attends = [n for n in body.node_def if n.op == "CachedAttention"]
+    if kernels.supports(tf.float32):
+        assert not updates and len(attends) == hp.n_layer
+        for attend in attends:
+            assert set(attend.input[7:9]) <= inputs, f"{attend.name} reads {attend.input[7:9]}, not the loop's buffers"
+            nexts = [n for n in consumers(body.node_def, attend.name) if n.op == "Identity"]
+            assert len(nexts) == 2 and {n.name for n in nexts} <= returned, f"{attend.name}'s buffers are not the next"
+    else:
+        assert len(updates) == 2 * hp.n_layer and not attends
     for update in updates:
         assert update.input[0] in inputs, f"{update.name} updates {update.input[0]}, not the loop's buffer"
-        assert readers(body.node_def, update.name) == [attention, "Identity"], update.name
+        assert readers(body.node_def, update.name) == ["BatchMatMul", "Identity"], update.name
         (out,) = [n for n in consumers(body.node_def, update.name) if n.op == "Identity"]
         assert f"{out.name}:output:0" in body.ret.values(), f"{update.name} is not the loop's next buffer"
     prefill = [n for n in graph.node if n.op == "XlaDynamicUpdateSlice"]

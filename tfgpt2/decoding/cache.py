@@ -8,7 +8,8 @@ each row at a position of its own, in the rows of its slot, in blocks of BLOCK p
 where a slice of one buffer would be copied before each product). The layers, the mask and the
 softmax are the model's own; only the order of the calls is written again. `layouts`
 (`layouts.py`) change how the block weights are multiplied, never the numbers; with them, a
-16-bit model's one-row logits read its 16-bit `wte` at each step (`held_logits`).
+16-bit model's one-row logits read its 16-bit `wte` at each step (`held_logits`), and a step of
+one new position per row stores and attends by the kernel (`kernels.cached_attention`).
 """
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
@@ -67,9 +68,8 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
     token table, `formats.litert`), or None.
 
     One new position per row with the row kernels' layouts (`layouts.rows`) over a float32
-    cache: attention by the kernel (`kernels.cached_attention`), which reads only the positions
-    attended where XLA's products read the whole cache (at one row over 160 positions, 4% of a
-    bfloat16 step, 0-4% of a float32 one).
+    cache: the keys and values written and attended by the kernel (`kernels.cached_attention`),
+    which reads only the positions attended where XLA's products read the whole cache.
 
     Returns the logits of the last position [batch, n_vocab] (all that generation needs) and the
     updated cache. Inputs are not checked here: `request.check_request` (in a SavedModel,
@@ -80,13 +80,13 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
     def write(old, new):
         stored = write_cache(old, tf.cast(new, old.dtype), cache_index)  # as the cache holds them
         return stored, [stored]
-    attend = masked(mask)
+    attend = masked(mask, write)
     if X.shape[1] == 1 and by_rows(layouts) and cache[0][0].dtype == tf.float32:  # one new position: by the kernel
         rows = tf.range(shape_list(X)[0] * model.hparams.n_head)
         first = tf.repeat(tf.zeros(shape_list(X)[:1], tf.int32) if pad is None else tf.cast(pad, tf.int32),
                           model.hparams.n_head)
         attend = by_kernel_attn(rows, first, tf.fill(tf.shape(rows), cache_index))
-    return through_blocks(model, X, padded_positions(X, cache_index, pad), attend, cache, write, layouts, table)
+    return through_blocks(model, X, padded_positions(X, cache_index, pad), attend, cache, layouts, table)
 
 
 def padded_mask(nd, ns, *, dtype, offset=None, pad=None):
@@ -113,10 +113,10 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
     keys past the position being written are never read, so a slot is reused without clearing it.
     `head`: a 16-bit model's `wte` (or `out_head`) as a float32 copy (`layouts.head`), or None.
     One new position for each of fewer rows than the slots, with the row kernels' layouts
-    (`layouts.rows`): attention by the kernel (`kernels.cached_attention`), which reads the
-    blocks in place and only the positions attended, where XLA's products would read a copy of
-    the rows' part of each block (at one row of 16 slots, 2% of a float32 step over 192
-    positions, 6% over 448, 7% of a bfloat16 one; at 4 rows 15%; over all the slots, no copy).
+    (`layouts.rows`): the keys and values written and attended by the kernel
+    (`kernels.cached_attention`), in place and only the positions attended, where XLA's
+    products would read a copy of the rows' part of each block, after a scatter per block (over
+    all the slots, XLA reads the blocks in place).
 
     Returns the logits of the last position [rows, n_vocab] (of every position [rows, T,
     n_vocab] with `every_position`) and the updated cache. Positions past the window's blocks
@@ -137,37 +137,45 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
             offset = at - j * BLOCK
             offset = tf.where((offset >= 0) & (offset < BLOCK), offset, BLOCK)  # past the block: dropped
             stored[j] = tf.tensor_scatter_nd_update(old[j], tf.stack([row, offset], axis=1), values)
-        read = stored[:blocks] if by_kernel else [
-            b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
+        read = [b[:shape_list(new)[0]] if slot is None else tf.gather(b, rows) for b in stored[:blocks]]
         return tuple(stored), read
-
-    attend = by_kernel_attn(rows, tf.zeros_like(at), at) if by_kernel else masked(mask)
-    return through_blocks(model, X, positions, attend, cache, write, layouts, head=head, every_position=every_position)
-
-
-def masked(mask):
-    """`attend(q, k, v, tf32)` for `through_blocks`: `cached_attn` under `mask`."""
-    return lambda q, k, v, tf32: cached_attn(q, k, v, mask, tf32=tf32)
+    attend = by_kernel_attn(rows, tf.zeros_like(at), at) if by_kernel else masked(mask, write)
+    return through_blocks(model, X, positions, attend, cache, layouts, head=head, every_position=every_position)
 
 
-def by_kernel_attn(rows, first, last):
-    """`attend(q, k, v, tf32)` for `through_blocks` of one new position per row, by the kernel
-    (`kernels.cached_attention`): q [batch, heads, 1, head_dim]; the cache rows of its heads
-    `rows`, attending from position `first` to `last` (each [batch * heads])."""
-    def attend(q, k, v, tf32):
-        features = shape_list(q)[3]
-        scale = tf.math.rsqrt(tf.cast(features, tf.float32))  # as `model.attn_probs` scales
-        a = kernels.cached_attention(tf.reshape(q, [-1, features]), rows, first, last, k, v, scale)
-        return tf.reshape(a, shape_list(q))
+def masked(mask, write):
+    """`attend(q, k, v, cache, tf32)` for `through_blocks`: the new keys and values stored by
+    `write(old, new)` (which gives (the stored cache, what attention reads: a list of blocks)),
+    then `cached_attn` under `mask`."""
+    def attend(q, k, v, cache, tf32):
+        (k_cache, k_read), (v_cache, v_read) = write(cache[0], k), write(cache[1], v)
+        return cached_attn(q, k_read, v_read, mask, tf32=tf32), (k_cache, v_cache)
     return attend
 
 
-def through_blocks(model, X, positions, attend, cache, write, layouts, table=None, *, head=None, every_position=False):
-    """The embeddings of X at `positions`, the blocks over `cache` (`write(old, new)` stores a
-    layer's new keys or values and gives (the stored cache, what attention reads: a list of
-    blocks), `attend(q, k, v, tf32)` the attention of q over them (`masked`)), then the logits of
-    the last position, or of every one: ([batch, n_vocab] or [batch, T, n_vocab], the updated
-    cache). `head`: as `call_with_slots`'s."""
+def by_kernel_attn(rows, first, last):
+    """`attend(q, k, v, cache, tf32)` for `through_blocks` of one new position per row, by the
+    kernel (`kernels.cached_attention`), which writes the new keys and values at `last` and
+    attends from `first` to `last` in the cache rows `rows` (each [batch * heads]): q [batch,
+    heads, 1, head_dim]; a layer's cache one buffer or a tuple of blocks for each of keys and
+    values."""
+    def attend(q, k, v, cache, tf32):
+        features = shape_list(q)[3]
+        scale = tf.math.rsqrt(tf.cast(features, tf.float32))  # as `model.attn_probs` scales
+        new = (tf.cast(tf.reshape(t, [-1, features]), tf.float32) for t in (k, v))
+        a, k_cache, v_cache = kernels.cached_attention(tf.reshape(q, [-1, features]), rows, first, last, *new,
+                                                       tf.nest.flatten(cache[0]), tf.nest.flatten(cache[1]), scale)
+        return tf.reshape(a, shape_list(q)), tuple(tf.nest.pack_sequence_as(held, list(written))
+                                                   for held, written in zip(cache, (k_cache, v_cache)))
+    return attend
+
+
+def through_blocks(model, X, positions, attend, cache, layouts, table=None, *, head=None, every_position=False):
+    """The embeddings of X at `positions`, the blocks over `cache` (`attend(q, k, v, cache,
+    tf32)` stores a layer's new keys and values [batch * heads, T, head_dim] in its cache and
+    gives (q's attention over it, the stored cache): `masked`, `by_kernel_attn`), then the
+    logits of the last position, or of every one: ([batch, n_vocab] or [batch, T, n_vocab], the
+    updated cache). `head`: as `call_with_slots`'s."""
     embed, logits = table or ((lambda X: gather_rows(model.as_compute(model.wte), X)), model.lm_logits)
     if table is None and by_rows(layouts):
         logits = lambda h: rows_logits(model, h)
@@ -179,7 +187,7 @@ def through_blocks(model, X, positions, attend, cache, write, layouts, table=Non
     h = embed(X) + gather_rows(model.as_compute(model.wpe), positions)
     new_cache = []
     for block, layer_cache, layout in zip(model.h, cache, layouts or [(None,) * 4] * len(model.h)):
-        h, layer_cache = block_with_cache(block, h, attend, layer_cache, write, layout)
+        h, layer_cache = block_with_cache(block, h, attend, layer_cache, layout)
         new_cache.append(layer_cache)
     return (logits(h) if every_position else logits(h[:, -1:])[:, 0]), new_cache
 
@@ -220,21 +228,20 @@ def rows_logits(model, h):
     return tf.reshape(tf.cast(logits, tf.float32), [batch, sequence, -1])
 
 
-def block_with_cache(block, x, attend, cache, write, layout):
-    """`Block.call` over the cache, its keys and values stored by `write` (`through_blocks`): (x
+def block_with_cache(block, x, attend, cache, layout):
+    """`Block.call` over the cache, its keys and values stored by `attend` (`through_blocks`): (x
     after the block, the updated (keys, values)). Named as the layers (`h0/attn/...`), for
     profiles."""
     attn, mlp = block.attn, block.mlp
     with tf.name_scope(block.name), tf.name_scope(attn.name):
         c = project(attn.c_attn, block.ln_1(x), layout[0])
         q, k, v = map(attn.split_heads, tf.split(c, 3, axis=2))
-        (k_cache, k_read), (v_cache, v_read) = (write(old, tf.reshape(new, [-1] + shape_list(new)[2:]))
-                                                for old, new in zip(cache, (k, v)))
-        a = project(attn.c_proj, attn.merge_heads(attend(q, k_read, v_read, attn.tf32)), layout[1])
+        a, cache = attend(q, *(tf.reshape(new, [-1] + shape_list(new)[2:]) for new in (k, v)), cache, attn.tf32)
+        a = project(attn.c_proj, attn.merge_heads(a), layout[1])
     x = x + a
     with tf.name_scope(block.name), tf.name_scope(mlp.name):
         m = project(mlp.c_proj, gelu(project(mlp.c_fc, block.ln_2(x), layout[2])), layout[3])
-    return x + m, (k_cache, v_cache)
+    return x + m, cache
 
 
 def project(conv, x, layout):

@@ -57,17 +57,18 @@ def column_product(x, w):
     return library().column_product(x, w, parts=cores())
 
 
-def cached_attention(q, rows, first, last, k, v, scale):
-    """Attention of one new position per row over a cache held in blocks, as `cache.cached_attn`
-    computes it, reading the blocks in place and only the positions attended: q [n, d]
-    (bfloat16 or float32), row i's keys and values in cache row rows[i] of each block (k and v:
-    lists of float32 blocks [cache rows, length, d], the positions in order), over positions
-    first[i] .. last[i] (at most the blocks' end), the scores scaled by `scale`; rows, first
-    and last int32 [n]. Returns [n, d] in q's dtype. Raises where `supports` is false for q's
-    dtype."""
+def cached_attention(q, rows, first, last, k_new, v_new, k, v, scale):
+    """One new position per row over a cache held in blocks (k and v: lists of float32 blocks
+    [cache rows, length, d], the positions in order): row i's new key and value (k_new and v_new
+    [n, d] float32) written at position last[i] of cache row rows[i] (none past the blocks'
+    end), then the attention of q [n, d] (bfloat16 or float32) over positions first[i] ..
+    last[i] of that row (at most the blocks' end), the scores scaled by `scale`, as
+    `cache.cached_attn` computes it; rows, first and last int32 [n]. The blocks are updated and
+    read in place, only the positions attended. Returns (a [n, d] in q's dtype, the k blocks,
+    the v blocks). Raises where `supports` is false for q's dtype."""
     if not supports(q.dtype):
         raise ValueError(f"no cached attention for {q.dtype.name} on this machine (tfgpt2.kernels.supports)")
-    return library().cached_attention(q, rows, first, last, scale, k, v, parts=cores())
+    return library().cached_attention(q, rows, first, last, scale, k_new, v_new, k, v, parts=cores())
 
 
 def huge_pages(tensors):

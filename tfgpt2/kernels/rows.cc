@@ -403,7 +403,7 @@ TARGET inline void round_all(float* a, int64_t d) {
 // to Q and the blocks' sums added in order, each sum rounded to Q (Round: Q is bfloat16); the
 // positions before `first` (a left-padded row's padding) weigh 0. w: room for last + 1 + d floats.
 template <bool Round>
-TARGET void attend(float* a, const float* q, const float* const* k, const float* const* v, int64_t length,
+TARGET void attend(float* a, const float* q, float* const* k, float* const* v, int64_t length,
                    int64_t c, int64_t first, int64_t last, int64_t d, float scale, float* w) {
   const int64_t n = last + 1;
   for (int64_t f0 = 0; f0 < d; f0 += 64)
@@ -462,27 +462,44 @@ inline uint16_t from_float<uint16_t>(float x) {
   return uint16_t(bits >> 16);
 }
 
-// a [n, d] = the attention of q [n, d] (bfloat16 or float32) over the cache rows rows[i], from
-// position first[i] to last[i] (at most the blocks' end), the blocks k and v float32 [rows,
-// length, d]
+// Writes row i's new key and value (k_new[i], v_new[i]: [n, d] float32) at position last[i] of
+// its cache row rows[i] (none past the blocks' end, as XLA drops such an update), then a [n, d]
+// = the attention of q [n, d] (bfloat16 or float32) over that row from position first[i] to
+// last[i] (at most the blocks' end). The blocks (k, then v: float32 [cache rows, length, d]) are
+// updated in place: each result is its operand's buffer (XLA's output-operand aliasing).
 template <typename Q>
 xla::ffi::Error cached_attention(xla::ffi::AnyBuffer q, xla::ffi::AnyBuffer rows, xla::ffi::AnyBuffer first,
-                                 xla::ffi::AnyBuffer last, xla::ffi::AnyBuffer scale, xla::ffi::RemainingArgs blocks,
-                                 xla::ffi::Result<xla::ffi::AnyBuffer> out, int64_t parts) {
+                                 xla::ffi::AnyBuffer last, xla::ffi::AnyBuffer scale, xla::ffi::AnyBuffer k_new,
+                                 xla::ffi::AnyBuffer v_new, xla::ffi::RemainingArgs blocks,
+                                 xla::ffi::Result<xla::ffi::AnyBuffer> out, xla::ffi::RemainingRets written,
+                                 int64_t parts) {
   const int64_t n = q.dimensions()[0], d = q.dimensions()[1], count = int64_t(blocks.size()) / 2;
-  std::vector<const float*> k(count), v(count);
+  std::vector<float*> k(count), v(count);
   int64_t length = 0;
   for (int64_t b = 0; b < 2 * count; ++b) {
     auto block = blocks.get<xla::ffi::AnyBuffer>(b);
     if (!block.has_value()) return block.error();
-    (b < count ? k[b] : v[b - count]) = static_cast<const float*>(block->untyped_data());
+    auto result = written.get<xla::ffi::AnyBuffer>(b);
+    if (!result.has_value()) return result.error();
+    float* held = static_cast<float*>((*result)->untyped_data());
+    if (held != block->untyped_data())  // (aliased, so never; else the result starts as a copy)
+      std::memcpy(held, block->untyped_data(), block->size_bytes());
+    (b < count ? k[b] : v[b - count]) = held;
     length = block->dimensions()[1];
   }
   const auto* qs = static_cast<const Q*>(q.untyped_data());
   const auto* cs = static_cast<const int32_t*>(rows.untyped_data());
   const auto* fs = static_cast<const int32_t*>(first.untyped_data());
   const auto* ls = static_cast<const int32_t*>(last.untyped_data());
+  const auto* kn = static_cast<const float*>(k_new.untyped_data());
+  const auto* vn = static_cast<const float*>(v_new.untyped_data());
   const float s = *static_cast<const float*>(scale.untyped_data());
+  for (int64_t i = 0; i < n; ++i)
+    if (ls[i] < count * length) {
+      const int64_t at = (cs[i] * length + ls[i] % length) * d;
+      std::copy(kn + i * d, kn + i * d + d, k[ls[i] / length] + at);
+      std::copy(vn + i * d, vn + i * d + d, v[ls[i] / length] + at);
+    }
   auto* as = static_cast<Q*>(out->untyped_data());
   parts = std::max<int64_t>(1, std::min(parts, n));
   team().run(int(parts), [&](int p) {
@@ -508,15 +525,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsBf16, (product<uint16_t, float, rows_bf16>), 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsF32, (product<float, float, rows_f32>), TFGPT2_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRowsInt8, (product<int8_t, int32_t, rows_int8>), TFGPT2_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kColumnsF32, (product<float, float, columns_f32, true>), TFGPT2_BINDING);
-#define TFGPT2_ATTENTION                                                                                \
-  xla::ffi::Ffi::Bind()                                                                                  \
-      .Arg<xla::ffi::AnyBuffer>()                                                                        \
-      .Arg<xla::ffi::AnyBuffer>()                                                                        \
-      .Arg<xla::ffi::AnyBuffer>()                                                                        \
-      .Arg<xla::ffi::AnyBuffer>()                                                                        \
-      .Arg<xla::ffi::AnyBuffer>()                                                                        \
-      .RemainingArgs()                                                                                   \
-      .Ret<xla::ffi::AnyBuffer>()                                                                        \
+#define TFGPT2_ATTENTION                   \
+  xla::ffi::Ffi::Bind()                    \
+      .Arg<xla::ffi::AnyBuffer>() /* q */  \
+      .Arg<xla::ffi::AnyBuffer>()          \
+      .Arg<xla::ffi::AnyBuffer>()          \
+      .Arg<xla::ffi::AnyBuffer>()          \
+      .Arg<xla::ffi::AnyBuffer>()          \
+      .Arg<xla::ffi::AnyBuffer>()          \
+      .Arg<xla::ffi::AnyBuffer>() /* v_new */ \
+      .RemainingArgs()                     \
+      .Ret<xla::ffi::AnyBuffer>()          \
+      .RemainingRets()                     \
       .Attr<int64_t>("parts")
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionF32, cached_attention<float>, TFGPT2_ATTENTION);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAttentionBf16, cached_attention<uint16_t>, TFGPT2_ATTENTION);
@@ -624,26 +644,38 @@ class CachedAttention : public tensorflow::XlaOpKernel {
   }
 
   void Compile(tensorflow::XlaOpKernelContext* ctx) override {
+    constexpr int kBlocks = 7;  // the inputs before the blocks
     const tensorflow::TensorShape qs = ctx->InputShape(0);
-    const int blocks = (ctx->num_inputs() - 5) / 2;
+    const int blocks = (ctx->num_inputs() - kBlocks) / 2;
     bool fits = qs.dims() == 2;
     std::string got = "q " + qs.DebugString();
-    for (int i = 1; i < 4; ++i) {  // rows, first, last
+    const char* names[] = {"", ", rows ", ", first ", ", last ", ", scale ", ", k_new ", ", v_new "};
+    for (int i = 1; i < kBlocks; ++i) {
       const tensorflow::TensorShape ns = ctx->InputShape(i);
-      fits = fits && ns.dims() == 1 && ns.dim_size(0) == qs.dim_size(0);
-      got += std::string(i == 1 ? ", rows " : i == 2 ? ", first " : ", last ") + ns.DebugString();
+      fits = fits && (i == 4 ? ns.dims() == 0 : i < 4 ? ns.dims() == 1 && ns.dim_size(0) == qs.dim_size(0) : ns == qs);
+      got += names[i] + ns.DebugString();
     }
-    for (int i = 5; i < ctx->num_inputs(); ++i) {
-      const tensorflow::TensorShape bs = ctx->InputShape(i), one = ctx->InputShape(5);
+    std::vector<xla::Shape> shapes = {xla::ShapeUtil::MakeShape(type_ == tensorflow::DT_BFLOAT16 ? xla::BF16 : xla::F32,
+                                                                {qs.dim_size(0), qs.dim_size(1)})};
+    std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliased;
+    for (int i = kBlocks; i < ctx->num_inputs(); ++i) {
+      const tensorflow::TensorShape bs = ctx->InputShape(i), one = ctx->InputShape(kBlocks);
       fits = fits && bs.dims() == 3 && bs == one && bs.dim_size(2) == qs.dim_size(1);
-      got += std::string(i < 5 + blocks ? ", k " : ", v ") + bs.DebugString();
+      got += std::string(i < kBlocks + blocks ? ", k " : ", v ") + bs.DebugString();
+      shapes.push_back(xla::ShapeUtil::MakeShape(xla::F32, bs.dim_sizes()));
+      aliased.push_back({xla::ShapeIndex{int64_t(shapes.size()) - 1}, {i, xla::ShapeIndex{}}});
     }
     OP_REQUIRES(ctx, fits,
-                absl::InvalidArgumentError("CachedAttention: q [n, d], rows, first and last [n], k and v blocks all "
-                                           "[rows, length, d]; got " + got));
-    const bool bf16 = type_ == tensorflow::DT_BFLOAT16;
-    const char* target = bf16 ? "tfgpt2_attention_bf16" : "tfgpt2_attention_f32";
-    ctx->SetOutput(0, custom_call(ctx, target, bf16 ? xla::BF16 : xla::F32, qs.dim_size(0), qs.dim_size(1), parts_));
+                absl::InvalidArgumentError("CachedAttention: q, k_new and v_new [n, d], rows, first and last [n], "
+                                           "scale [], k and v blocks all [rows, length, d]; got " + got));
+    std::vector<xla::XlaOp> inputs;
+    for (int i = 0; i < ctx->num_inputs(); ++i) inputs.push_back(ctx->Input(i));
+    const char* target = type_ == tensorflow::DT_BFLOAT16 ? "tfgpt2_attention_bf16" : "tfgpt2_attention_f32";
+    const xla::XlaOp call = xla::CustomCall(
+        ctx->builder(), target, inputs, xla::ShapeUtil::MakeTupleShape(shapes),
+        "{parts = " + std::to_string(parts_) + " : i64}", /*has_side_effect=*/false, aliased, /*literal=*/nullptr,
+        xla::CustomCallSchedule::SCHEDULE_NONE, xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+    for (int i = 0; i < int(shapes.size()); ++i) ctx->SetOutput(i, xla::GetTupleElement(call, i));
   }
 
  private:
@@ -733,14 +765,19 @@ REGISTER_OP("CachedAttention")
     .Input("first: int32")
     .Input("last: int32")
     .Input("scale: float")
+    .Input("k_new: float")
+    .Input("v_new: float")
     .Input("k: n * float")
     .Input("v: n * float")
     .Output("a: T")
+    .Output("k_out: n * float")
+    .Output("v_out: n * float")
     .Attr("T: {bfloat16, float}")
     .Attr("n: int >= 1")
     .Attr("parts: int = 1")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(0));
+      for (int i = 1; i < c->num_outputs(); ++i) c->set_output(i, c->input(6 + i));
       return absl::OkStatus();
     });
 
