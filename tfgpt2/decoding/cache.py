@@ -81,11 +81,10 @@ def call_with_cache(model, X, cache, cache_index, *, pad=None, layouts=None, tab
         stored = write_cache(old, tf.cast(new, old.dtype), cache_index)  # as the cache holds them
         return stored, [stored]
     attend = masked(mask, write)
-    if X.shape[1] == 1 and by_rows(layouts) and cache[0][0].dtype == tf.float32:  # one new position: by the kernel
-        rows = tf.range(shape_list(X)[0] * model.hparams.n_head)
-        first = tf.repeat(tf.zeros(shape_list(X)[:1], tf.int32) if pad is None else tf.cast(pad, tf.int32),
-                          model.hparams.n_head)
-        attend = by_kernel_attn(rows, first, tf.fill(tf.shape(rows), cache_index))
+    if X.shape[1] == 1 and by_rows(layouts) and cache[0][0].dtype == tf.float32:
+        heads = model.hparams.n_head  # each row's heads attend from its first real token
+        first = tf.repeat(tf.zeros(shape_list(X)[:1], tf.int32) if pad is None else tf.cast(pad, tf.int32), heads)
+        attend = by_kernel_attn(tf.range(shape_list(first)[0]), first, tf.fill(tf.shape(first), cache_index))
     return through_blocks(model, X, padded_positions(X, cache_index, pad), attend, cache, layouts, table)
 
 
@@ -128,7 +127,7 @@ def call_with_slots(model, X, cache, start, *, window, slot=None, layouts=None, 
     rows = tf.range(shape_list(X)[0]) if slot is None else slot
     rows = tf.reshape(rows[:, None] * hp.n_head + tf.range(hp.n_head), [-1])  # the cache rows of each head
     at = tf.reshape(tf.repeat(positions, hp.n_head, axis=0), [-1])  # each new key's position
-    by_kernel = X.shape[1] == 1 and by_rows(layouts) and X.shape[0] * hp.n_head < cache[0][0][0].shape[0]
+    by_kernel = X.shape[1] == 1 and by_rows(layouts) and X.shape[0] * hp.n_head < cache[0][0][0].shape[0]  # < slots
 
     def write(old, new):  # old: a layer's blocks; new [rows * heads, T, head_dim]
         stored, row = list(old), tf.repeat(rows, shape_list(new)[1])
