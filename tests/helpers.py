@@ -189,13 +189,18 @@ def samples(out):
 MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 
 
+def all_nodes(graph_def):
+    """The nodes of a GraphDef and of the functions in its library."""
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+
+
 def products(graph_def):
     """{precision: count} of the float32 products in a GraphDef and its function library:
     "HIGHEST" or "DEFAULT" for XLA's dot (its operands' precision), "tf.matmul" for the others."""
     import tensorflow as tf
     from tensorflow.compiler.xla import xla_data_pb2
     found = {}
-    for node in list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]:
+    for node in all_nodes(graph_def):
         if node.op in ("XlaDot", "XlaDotV2"):
             config = xla_data_pb2.PrecisionConfig.FromString(node.attr["precision_config"].s)
             names = {xla_data_pb2.PrecisionConfig.Precision.Name(p) for p in config.operand_precision} or {"DEFAULT"}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.helpers import all_nodes
 from tfgpt2 import kernels, load_model
 from tfgpt2.decoding import layouts
 from tfgpt2.decoding.cache import BLOCK, cached_attn, call_with_cache, empty_cache
@@ -174,8 +175,7 @@ def test_cached_attention_of_mismatched_blocks_names_the_shapes():
 
 def attention_ops(function, *specs):
     graph_def = tf.function(function).get_concrete_function(*specs).graph.as_graph_def()
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    return sum(n.op == "CachedAttention" for n in nodes)
+    return sum(n.op == "CachedAttention" for n in all_nodes(graph_def))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

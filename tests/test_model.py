@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import ATOL, require_reference
+from tests.helpers import ATOL, all_nodes, require_reference
 from tfgpt2 import GPT2, load_model
 from tfgpt2.decoding.cache import padded_mask
 from tfgpt2.hparams import default_hparams
@@ -277,7 +277,7 @@ def graph_of_gradient(model, tokens):
 
 
 def op_types(graph_def):
-    return [n.op for n in graph_def.node] + [n.op for f in graph_def.library.function for n in f.node_def]
+    return [n.op for n in all_nodes(graph_def)]
 
 
 def test_the_gradient_uses_the_written_out_gradients(monkeypatch):

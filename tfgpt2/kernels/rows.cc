@@ -245,6 +245,9 @@ constexpr auto rows_f32 =
 constexpr auto rows_int8 = rows<int8_t, int32_t, group<int8_t, int32_t, int8_tile<4, kRows / 2>, int8_tile<1, kRows>, kRows>,
                                 each_row<int8_t, int32_t, int8_tile<1, 1>>>;
 
+// the mask of the first `left` of 16 lanes (all where left >= 16)
+inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1 << left) - 1); }
+
 // 16 floats rounded to bfloat16 (to nearest, ties to even) and back
 TARGET inline __m512 rounded(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
@@ -255,7 +258,7 @@ TARGET void add_bias_bf16(uint16_t* y, const float* sums, const uint16_t* b, int
                           int64_t f1) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t f = f0; f < f1; f += 16) {
-      const __mmask16 in = f1 - f >= 16 ? __mmask16(0xffff) : __mmask16((1 << (f1 - f)) - 1);
+      const __mmask16 in = lanes(f1 - f);
       const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, b + f));
       const __m512 bias = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
       const __m512 sum = _mm512_add_ps(rounded(_mm512_maskz_loadu_ps(in, sums + i * nf + f)), bias);
@@ -347,9 +350,6 @@ TARGET inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
 }
-
-// the mask of the first `left` of 16 lanes (all where left >= 16)
-inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1 << left) - 1); }
 
 // the masks of the four vectors of features f0 .. f0 + 63 (of d; none past d)
 inline void features(__mmask16 (&in)[4], int64_t d, int64_t f0) {
@@ -479,12 +479,9 @@ xla::ffi::Error cached_attention(xla::ffi::AnyBuffer q, xla::ffi::AnyBuffer rows
   for (int64_t b = 0; b < 2 * count; ++b) {
     auto block = blocks.get<xla::ffi::AnyBuffer>(b);
     if (!block.has_value()) return block.error();
-    auto result = written.get<xla::ffi::AnyBuffer>(b);
+    auto result = written.get<xla::ffi::AnyBuffer>(b);  // the block's own buffer (aliased)
     if (!result.has_value()) return result.error();
-    float* held = static_cast<float*>((*result)->untyped_data());
-    if (held != block->untyped_data())  // (aliased, so never; else the result starts as a copy)
-      std::memcpy(held, block->untyped_data(), block->size_bytes());
-    (b < count ? k[b] : v[b - count]) = held;
+    (b < count ? k[b] : v[b - count]) = static_cast<float*>((*result)->untyped_data());
     length = block->dimensions()[1];
   }
   const auto* qs = static_cast<const Q*>(q.untyped_data());
