@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 
-from tests.helpers import ATOL, chi_square, filtered_softmax, prompts_for
+from tests.helpers import ATOL, all_nodes, chi_square, filtered_softmax, prompts_for
 from tfgpt2 import kernels, load_model
 from tfgpt2.model import Conv1D
 from tfgpt2.products import cpus_only
@@ -25,6 +25,7 @@ from tfgpt2.decoding.buckets import bucket_sizes
 from tfgpt2.decoding import batch as whole_batch
 from tfgpt2.decoding import step
 from tfgpt2.decoding.request import check_request
+from tfgpt2.decoding import sampler
 from tfgpt2.decoding.sampler import CDF_BLOCK, choose, inverse_cdf
 from tfgpt2.sample import generate, sample_sequence, top_k_logits, top_p_logits
 from tfgpt2.seeds import seed_of
@@ -191,10 +192,6 @@ def graph_def(function, *args):
     """The GraphDef of a tf.function traced for args (its loops' and branches' functions in its
     library); nothing compiled."""
     return function.get_concrete_function(*args).graph.as_graph_def()
-
-
-def all_nodes(graph_def):
-    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
 
 
 def while_loops(graph_def):
@@ -749,6 +746,17 @@ def test_seed_reproducible_and_seeds_differ(tiny):
     c = generate(tiny, prompts, 16, seed=124)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_a_loop_traced_after_a_draw_for_any_rows_keeps_its_shapes(tiny_dir):
+    """The draw's uniforms (`sampler._uniform`, one tf.function for every caller) traced for rows
+    of any number (a SavedModel's signature) are reused by a later loop's trace for a known
+    number: the loop's state keeps its static shapes (else tf.while_loop refuses it)."""
+    sampler._uniform.get_concrete_function(tf.TensorSpec([], tf.int32), tf.TensorSpec([None, 2], tf.int64))
+    model = load_model(tiny_dir)  # a model of its own: its loop is traced now
+    prompts = prompts_for(6, [3])
+    tokens = generate(model, prompts, 5, seed=7)[0]
+    assert len(tokens) == 3 + 5 and np.array_equal(tokens, generate(model, prompts, 5, seed=7)[0])
 
 
 # ---- bad input ---------------------------------------------------------------------------

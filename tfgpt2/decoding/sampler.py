@@ -152,7 +152,9 @@ def choose(logits, *, temperature, top_k, top_p, seed, filters=(True, True), min
         if min_p is not None:
             filtered = tf.cond(tf.reduce_any(min_p > 0), lambda: min_p_logits(filtered, min_p), lambda: filtered)
         weights = tf.exp(filtered - tf.reduce_max(filtered, axis=-1, keepdims=True))
-        token = inverse_cdf(weights, _uniform(tf.shape(weights)[0], seed))
+        # its static shape again: a call may reuse a trace of `_uniform` for rows of any number
+        uniform = tf.ensure_shape(_uniform(tf.shape(weights)[0], seed), weights.shape[:1])
+        token = inverse_cdf(weights, uniform)
         return tf.cond(tf.reduce_all(drawn), lambda: token, lambda: tf.where(drawn, token, greedy()))
 
     def greedy():
