@@ -82,6 +82,14 @@ def no_gpu_message():
     return "No GPU visible (TensorFlow lists none, nvidia-smi none): nothing checked. --cpu-only runs a dry run."
 
 
+def per_token_times(pairs, p):
+    """Seconds per token from runs' (long, short) times: the long times less the short ones, each
+    in order of speed (the fastest with the fastest), over the tokens between them, so that a
+    slow spell of the host in one run does not fall on one side of a difference alone."""
+    longs, shorts = (sorted(times) for times in zip(*pairs))
+    return [(lg - sh) / (p["long"] - p["short"]) for lg, sh in zip(longs, shorts)]
+
+
 def timed(fn):
     start = time.perf_counter()
     fn()
@@ -147,8 +155,7 @@ def stage_decode(p):
                     return lambda: generate(model, prompts, n, seed=0)
                 first = timed(run(p["long"])) + timed(run(p["short"]))  # compiles: one bucket, one program
                 pairs = [(timed(run(p["long"])), timed(run(p["short"]))) for _ in range(p["runs"])]
-                found[f"{dtype}/{batch}"] = {"first_s": first,
-                                             "per_token_s": [(lg - sh) / (p["long"] - p["short"]) for lg, sh in pairs]}
+                found[f"{dtype}/{batch}"] = {"first_s": first, "per_token_s": per_token_times(pairs, p)}
     return found
 
 
@@ -232,7 +239,7 @@ def _hf_decode(model, p, batch, device, clocked):
         return generate
     first = clocked(run(p["long"])) + clocked(run(p["short"]))
     pairs = [(clocked(run(p["long"])), clocked(run(p["short"]))) for _ in range(p["runs"])]
-    return {"first_s": first, "per_token_s": [(lg - sh) / (p["long"] - p["short"]) for lg, sh in pairs]}
+    return {"first_s": first, "per_token_s": per_token_times(pairs, p)}
 
 
 def _hf_train(model, p, n_vocab, precision, device, clocked):
