@@ -270,10 +270,11 @@ def test_gpu_check_script_without_nvidia_smi_says_so(tmp_path):
 @pytest.mark.slow
 def test_gpu_check_dry_run_on_the_cpu(tiny_dir, tmp_path):
     """--cpu-only: every TensorFlow stage of the GPU check, in this process, with the CPU as the device."""
-    # lengths 14 apart in one bucket (34 and 48 positions), the median of 3 runs: a per-token time from
-    # their difference that a busy host's noise does not turn negative (8 apart, one run, it once did)
+    # lengths 14 apart in one bucket (34 and 48 positions), the median of 15 runs (of ~10 ms each): a
+    # per-token time of ~0.1 ms from their difference that a busy host's noise of a few milliseconds in a
+    # run does not turn negative (with 3 runs, while another test worker ran, it did one time in eight)
     assert run_main("gpu_check", "--cpu-only", "--model_dir", tiny_dir, "--batch", "1", "--short", "33", "--long",
-                    "47", "--runs", "3", "--greedy", "6", "--train_batch", "1", "--train_length", "8", "--steps", "1",
+                    "47", "--runs", "15", "--greedy", "6", "--train_batch", "1", "--train_length", "8", "--steps", "1",
                     "--no_hf", "--report", str(tmp_path)) == 0
     data = assert_report(str(tmp_path), "cpu-dry-run", "gpu_check.py")
     checks, variants, decode, train = (rows(data, i) for i in range(4))

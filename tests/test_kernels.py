@@ -241,6 +241,39 @@ def test_a_program_holding_the_kernels_loads_from_xlas_persistent_cache(tmp_path
     np.testing.assert_allclose(rows, expected, rtol=2e-2)  # bfloat16 operands
 
 
+ONE_CPU = """
+import os, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before TensorFlow's threads: theirs too
+import numpy as np, tensorflow as tf
+from tfgpt2 import kernels
+x, w = tf.random.normal([1, 256]), tf.random.normal([1024, 256])
+calls = {parts: tf.function(lambda x, w, parts=parts: [kernels.library().row_product(x, w, U=tf.float32, parts=parts)
+                                                      for _ in range(50)], jit_compile=True) for parts in (1, 2)}
+seconds = {1: [], 2: []}
+for _ in range(7):
+    for parts, call in calls.items():
+        call(x, w)
+        start = time.perf_counter()
+        for _ in range(10):
+            call(x, w)
+        seconds[parts].append(time.perf_counter() - start)
+print(np.median(seconds[2]) / np.median(seconds[1]))
+"""
+
+
+@pytest.mark.slow  # a TensorFlow process of its own, on one CPU
+def test_a_part_whose_thread_the_system_has_not_run_is_taken_by_the_caller():
+    """On one CPU (a busy host at its worst: the kernels' thread waits its turn behind the caller)
+    a product in two parts costs about what it does in one, as the caller runs the part left
+    unclaimed; waiting for the thread, it cost 20x (and a tiny model's decoding step under a
+    CPU-bound neighbour up to 15x)."""
+    needs(tf.float32)
+    run = subprocess.run([sys.executable, "-c", ONE_CPU], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert float(run.stdout) < 5
+
+
 def test_huge_pages_back_the_whole_2mb_pages_inside_a_tensor():
     """`huge_pages` moves the 2 MB pages inside a tensor's buffer to huge pages (a 16 MB tensor:
     7 or 8 of them, as its start falls), its values unchanged; again, the same pages."""

@@ -137,10 +137,11 @@ void group(Y* y, const T* x, const T* w, int64_t m, int64_t nx, int64_t nf, int6
   for (; r < m; ++r) One(y, x, w, nx, nf, r, f);
 }
 
-// Runs part(0 .. parts - 1) side by side: part 0 on the calling thread, the others on threads
-// that wait for work spinning a while (a decoding step calls again within microseconds), then
-// asleep. Every thread answers every round, its part or none, so that no thread still reading
-// a round's work sees the next one begin.
+// Runs part(0 .. parts - 1) side by side, on the calling thread and on threads that wait for
+// work spinning a while (a decoding step calls again within microseconds), then asleep. Each
+// part goes to the first thread that claims it, the caller's included, so that a thread the
+// system has not yet run (a busy host) leaves its part to the others instead of holding up the
+// call; the caller then waits only for parts under way.
 class Team {
  public:
   void run(int parts, const std::function<void(int)>& part) {
@@ -150,46 +151,59 @@ class Team {
       threads_ = new std::vector<std::thread>;  // (the parent's std::thread objects are left as they are)
       owner_ = getpid();
     }
-    while (int(threads_->size()) < parts - 1) {
-      const int i = int(threads_->size()) + 1;
-      const uint64_t seen = round_.load(std::memory_order_relaxed);  // the round before this call's
-      threads_->emplace_back([this, i, seen] { serve(i, seen); });
-    }
+    const uint32_t round = uint32_t(claims_.load(std::memory_order_relaxed) >> 32) + 1;  // (compared only: wraps)
+    while (int(threads_->size()) < parts - 1) threads_->emplace_back([this, round] { serve(round - 1u); });
     part_ = &part;
-    parts_ = parts;
-    left_.store(int(threads_->size()), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      round_.fetch_add(1, std::memory_order_release);
+      claims_.store(uint64_t(round) << 32 | uint64_t(parts) << 16, std::memory_order_release);
     }
     wake_.notify_all();
-    part(0);
-    while (left_.load(std::memory_order_acquire) > 0) _mm_pause();
+    work(round);
+    for (int spin = 0; done_.load(std::memory_order_acquire) < parts; ++spin) {
+      if (spin < kSpins) {
+        _mm_pause();
+      } else {
+        std::this_thread::yield();  // a part's thread was put off: let it run
+      }
+    }
   }
 
  private:
-  void serve(int i, uint64_t seen) {
-    for (;;) {
-      for (int spin = 0; spin < kSpins && round_.load(std::memory_order_acquire) == seen; ++spin) _mm_pause();
-      if (round_.load(std::memory_order_acquire) == seen) {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return round_.load(std::memory_order_acquire) != seen; });
-      }
-      seen = round_.load(std::memory_order_acquire);
-      if (i < parts_) (*part_)(i);
-      left_.fetch_sub(1, std::memory_order_release);
+  // claims_ holds the round (bits 32..63), its number of parts (16..31) and how many are claimed
+  void work(uint32_t round) {
+    uint64_t at = claims_.load(std::memory_order_acquire);
+    while (at >> 32 == round && (at & 0xffff) < (at >> 16 & 0xffff)) {
+      if (!claims_.compare_exchange_weak(at, at + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+        continue;
+      (*part_)(int(at & 0xffff));
+      done_.fetch_add(1, std::memory_order_release);
+      at = claims_.load(std::memory_order_acquire);
     }
   }
 
-  static constexpr int kSpins = 100000;  // pauses before sleeping: about a millisecond
+  void serve(uint32_t seen) {
+    for (;;) {
+      for (int spin = 0; spin < kSpins && claims_.load(std::memory_order_acquire) >> 32 == seen; ++spin)
+        _mm_pause();
+      if (claims_.load(std::memory_order_acquire) >> 32 == seen) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return claims_.load(std::memory_order_acquire) >> 32 != seen; });
+      }
+      seen = uint32_t(claims_.load(std::memory_order_acquire) >> 32);
+      work(seen);
+    }
+  }
+
+  static constexpr int kSpins = 100000;  // pauses before sleeping (or yielding): about a millisecond
   std::mutex calls_, mutex_;
   std::condition_variable wake_;
   std::vector<std::thread>* threads_ = nullptr;
   pid_t owner_ = 0;
-  std::atomic<uint64_t> round_{0};
-  std::atomic<int> left_{0};
+  std::atomic<uint64_t> claims_{0};
+  std::atomic<int> done_{0};
   const std::function<void(int)>* part_ = nullptr;
-  int parts_ = 0;
 };
 
 Team& team() {
