@@ -517,7 +517,7 @@ def test_serve_benchmark_states_the_fresh_servers_first_requests():
                  background=20, ttft_p50_s=0.5, ttft_p99_s=3.0, tokens_per_s=80.0, warm_ttft_p99_s=2.4)
     assert ("p99 3.00 s (1.25x the p99 of the same lengths sent to it warm, 2.40 s, median of 3 passes; 1.50x "
             "the timed passes' p99)") in bench.fresh_notes(first, rows)[0]
-    assert bench.fresh_headline(first, rows, args) == [
+    assert bench.fresh_headline(first, args) == [
         {"what": "tfgpt2 serve, fresh, first 100 requests, 16 clients",
          "figure": "first token p99 3.00 s, 1.25x warm (2.40 s, the same lengths); warm-up 240 s, 0 compiles on "
                    "a request's step"}]

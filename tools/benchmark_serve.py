@@ -233,10 +233,10 @@ def fresh(args, url, started):
 
 
 def warm_like_fresh(args, url):
-    """The warm concurrent server's time to first token at p99 over passes of the fresh pass's
-    shape (its `--fresh_requests` lengths, new prompts, `--clients` clients): the median of
-    3. A p99 over 100 requests and one over a timed pass's fewer are not the same statistic
-    (nearer the slowest of 100 than of 32)."""
+    """The warm concurrent server's time to first token at p99, the median over 3 passes of the
+    fresh pass's shape (its `--fresh_requests` lengths, new prompts, `--clients` clients): a p99
+    over 100 requests and one over a timed pass of fewer are not the same statistic (the first
+    is nearer the slowest of 100, the second the slowest of 32)."""
     return float(np.median([one_pass(url, workload(args.fresh_requests, args.prompt, args.new, seed=1, draw=1 + i),
                                      args.clients)["ttft_p99_s"] for i in range(3)]))
 
@@ -599,7 +599,7 @@ def main(argv=None):
     tables = ([report.table(columns, rows)] if rows else []) + prefix_tables
     report.publish(args, "Serving under load", tables, tool=__file__, argv=argv, settings=settings,
                    notes=notes_of(args, memory, statuses, absent, rows) + fresh_notes(first, rows),
-                   headlines=headlines(rows, args) + found + fresh_headline(first, rows, args))
+                   headlines=headlines(rows, args) + found + fresh_headline(first, args))
     return 1 if any(statuses) else 0
 
 
@@ -623,7 +623,7 @@ def fresh_notes(first, rows):
               f"{first['background']:.0f} programs compiled in the background by their end."]
 
 
-def fresh_headline(first, rows, args):
+def fresh_headline(first, args):
     if not first:
         return []
     warm = first["warm_ttft_p99_s"]
