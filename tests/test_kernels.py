@@ -173,6 +173,20 @@ def test_cached_attention_of_mismatched_blocks_names_the_shapes():
                                                         tf.constant(0.25)), jit_compile=True)(tf.reshape(q, [-1, 16]))
 
 
+def test_cached_attention_of_a_row_outside_the_cache_names_it():
+    """A cache row or positions out of range raise, naming them, before anything is written."""
+    needs(tf.float32)
+    q, rows, first, last, k_new, v_new, k, v = attention_case(tf.float32, 16)
+    run = tf.function(lambda rows, first: kernels.cached_attention(tf.reshape(q, [-1, 16]), rows, first, last, k_new,
+                                                                   v_new, k, v, tf.constant(0.25)), jit_compile=True)
+    outside = tf.tensor_scatter_nd_update(rows, [[3]], [int(k[0].shape[0])])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"row 3 reads cache row {k[0].shape[0]} of "
+                                                             rf"{k[0].shape[0]}, positions"):
+        run(outside, first)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row 0 reads cache row .* positions -1 to"):
+        run(rows, tf.tensor_scatter_nd_update(first, [[0]], [-1]))
+
+
 def attention_ops(function, *specs):
     graph_def = tf.function(function).get_concrete_function(*specs).graph.as_graph_def()
     return sum(n.op == "CachedAttention" for n in all_nodes(graph_def))

@@ -9,8 +9,8 @@ memory's rate; a decoding step at a few rows is that product, over every weight
 (docs/performance.md).
 
 XLA ops only: the decoding programs' products and attention on a CPU use them
-(`decoding.layouts.rows`); nothing exported (SavedModel, LiteRT) holds them. Built from the source at first use, as
-TensorFlow builds a custom op (`tf.sysconfig`'s flags, the C++ compiler `CXX` or g++), into
+(`decoding.layouts.rows`); nothing exported (SavedModel, LiteRT) holds them. Built from the
+source at first use, as TensorFlow builds a custom op (`tf.sysconfig`'s flags, the C++ compiler `CXX` or g++), into
 the user's cache folder under a name that digests the source, TensorFlow's version and the
 compiler, then loaded into the process. The products are not used (`supports` is false) where
 the CPU lacks the instructions, no compiler is found, the build fails (a warning says why), or

@@ -489,13 +489,14 @@ xla::ffi::Error cached_attention(xla::ffi::AnyBuffer q, xla::ffi::AnyBuffer rows
                                  int64_t parts) {
   const int64_t n = q.dimensions()[0], d = q.dimensions()[1], count = int64_t(blocks.size()) / 2;
   std::vector<float*> k(count), v(count);
-  int64_t length = 0;
+  int64_t length = 0, cache_rows = 0;
   for (int64_t b = 0; b < 2 * count; ++b) {
     auto block = blocks.get<xla::ffi::AnyBuffer>(b);
     if (!block.has_value()) return block.error();
     auto result = written.get<xla::ffi::AnyBuffer>(b);  // the block's own buffer (aliased)
     if (!result.has_value()) return result.error();
     (b < count ? k[b] : v[b - count]) = static_cast<float*>((*result)->untyped_data());
+    cache_rows = block->dimensions()[0];
     length = block->dimensions()[1];
   }
   const auto* qs = static_cast<const Q*>(q.untyped_data());
@@ -505,6 +506,11 @@ xla::ffi::Error cached_attention(xla::ffi::AnyBuffer q, xla::ffi::AnyBuffer rows
   const auto* kn = static_cast<const float*>(k_new.untyped_data());
   const auto* vn = static_cast<const float*>(v_new.untyped_data());
   const float s = *static_cast<const float*>(scale.untyped_data());
+  for (int64_t i = 0; i < n; ++i)  // (nothing written before every row is known to fit)
+    if (cs[i] < 0 || cs[i] >= cache_rows || fs[i] < 0 || fs[i] > ls[i])
+      return xla::ffi::Error::InvalidArgument(
+          "CachedAttention: row " + std::to_string(i) + " reads cache row " + std::to_string(cs[i]) + " of " +
+          std::to_string(cache_rows) + ", positions " + std::to_string(fs[i]) + " to " + std::to_string(ls[i]));
   for (int64_t i = 0; i < n; ++i)
     if (ls[i] < count * length) {
       const int64_t at = (cs[i] * length + ls[i] % length) * d;
